@@ -1,0 +1,374 @@
+"""Timer heaps for the scanner: a binary min-heap of (deadline ns, handle) in a caller-given buffer.
+
+Theory of operation
+-------------------
+The scanner keeps two heaps, in-flight timeouts and deferred messages. Each entry is a key (a deadline in ns) and
+a handle (a small non-negative int: an in-flight slot number or a deferred-entry number). The heap arrays sit in
+shared memory so that other processes can read them (stats) and a replacement scanner finds them.
+
+As in NSQ's ``in_flight_pqueue.go`` the heap is intrusive: ``pos[handle]`` holds the entry's index in the heap
+(-1 when absent), so remove(handle) and update(handle, key) are O(log n) without a search. Entries are ordered by
+(key, handle), so equal deadlines pop in handle order and every sequence of operations has one exact result.
+
+Sifting moves a "hole" instead of swapping: the entry being placed is held in registers, the entries it passes are
+moved one step each, and it is written once at the end. That halves the stores of a swap-based sift.
+
+``peek_and_shift(deadline, out_handles, out_keys)`` is NSQ's PeekAndShift, batched: it pops every entry whose key
+is <= deadline (up to the room in the output arrays) in one kernel call, so a sweep costs one call.
+
+Ownership and crashes: one writing process (the scanner); nothing here is atomic, and a reader in another process
+must be handed the heap by something that orders memory (a pipe, a ring's release/acquire). A SIGKILL in the middle
+of an operation can leave one entry duplicated or missing, so the heap is derived state: the in-flight table
+(ipc/inflight.py) holds every deadline and is the source of truth a restarted scanner rebuilds from (``clear`` and
+push, or write the arrays and ``rebuild``).
+
+Layout (all words int64, little-endian, at a caller-given offset that is a multiple of 8)::
+
+    +0    +-------------------------------+
+          | magic  "NSQHEAP\0"            |  word 0
+          | layout version                |  word 1
+          | capacity   (max entries)      |  word 2
+          | n_handles  (len of pos)       |  word 3
+          | size       (entries now)      |  word 4
+          | reserved x3                   |  words 5-7
+    +64   +-------------------------------+
+          | keys[capacity]                |  keys[0] is the minimum
+          +-------------------------------+
+          | handles[capacity]             |  handles[i] belongs to keys[i]
+          +-------------------------------+
+          | pos[n_handles]                |  index of a handle in the heap, or -1
+          +-------------------------------+
+    +64 + 16*capacity + 8*n_handles
+"""
+from __future__ import annotations
+
+import numpy as np
+from numba import njit
+
+__all__ = [
+    "TimerHeap", "HeapFull", "HEAP_MAGIC", "HEAP_VERSION", "heap_nbytes",
+    "OK", "ST_EMPTY", "ST_FULL", "ST_BAD_HANDLE", "ST_PRESENT", "ST_ABSENT", "ST_CORRUPT",
+    "heap_push", "heap_peek", "heap_pop", "heap_remove", "heap_update", "heap_peek_and_shift",
+    "heap_clear", "heap_rebuild", "heap_check",
+]
+
+HEAP_MAGIC = int.from_bytes(b"NSQHEAP\0", "little")
+HEAP_VERSION = 1
+HEADER_WORDS = 8
+H_MAGIC, H_VERSION, H_CAPACITY, H_HANDLES, H_SIZE = 0, 1, 2, 3, 4
+
+OK = 0
+ST_EMPTY = -1        # pop/peek on an empty heap
+ST_FULL = -2         # push with size == capacity
+ST_BAD_HANDLE = -3   # handle outside [0, n_handles)
+ST_PRESENT = -4      # push of a handle that is already in the heap
+ST_ABSENT = -5       # remove/update of a handle that is not in the heap
+ST_CORRUPT = -6      # heap_check found a broken invariant
+
+
+def heap_nbytes(capacity: int, n_handles: int) -> int:
+    return 8 * (HEADER_WORDS + 2 * capacity + n_handles)
+
+
+# ---------------------------------------------------------------------------------------------------- kernels
+# Arguments: hdr (the 8 header words), keys, vals (handles), pos: 1-D int64 views of the layout.
+
+@njit(cache=True, nogil=True, inline="always")
+def _less(k1, h1, k2, h2):
+    return k1 < k2 or (k1 == k2 and h1 < h2)
+
+
+@njit(cache=True, nogil=True)
+def _sift_up(keys, vals, pos, i, key, handle):
+    while i > 0:
+        parent = (i - 1) >> 1
+        if not _less(key, handle, keys[parent], vals[parent]):
+            break
+        keys[i] = keys[parent]
+        vals[i] = vals[parent]
+        pos[vals[i]] = i
+        i = parent
+    keys[i] = key
+    vals[i] = handle
+    pos[handle] = i
+
+
+@njit(cache=True, nogil=True)
+def _sift_down(keys, vals, pos, size, i, key, handle):
+    while True:
+        child = 2 * i + 1
+        if child >= size:
+            break
+        right = child + 1
+        if right < size and _less(keys[right], vals[right], keys[child], vals[child]):
+            child = right
+        if not _less(keys[child], vals[child], key, handle):
+            break
+        keys[i] = keys[child]
+        vals[i] = vals[child]
+        pos[vals[i]] = i
+        i = child
+    keys[i] = key
+    vals[i] = handle
+    pos[handle] = i
+
+
+@njit(cache=True, nogil=True)
+def _place(keys, vals, pos, size, i, key, handle):
+    """Put (key, handle) into the hole at index i of a heap of `size` entries and restore order."""
+    if i > 0 and _less(key, handle, keys[(i - 1) >> 1], vals[(i - 1) >> 1]):
+        _sift_up(keys, vals, pos, i, key, handle)
+    else:
+        _sift_down(keys, vals, pos, size, i, key, handle)
+
+
+@njit(cache=True, nogil=True)
+def _take(hdr, keys, vals, pos, i):
+    """Remove the entry at index i (0 <= i < size); the last entry fills the hole."""
+    last = hdr[H_SIZE] - 1
+    pos[vals[i]] = -1
+    hdr[H_SIZE] = last
+    if i != last:
+        _place(keys, vals, pos, last, i, keys[last], vals[last])
+
+
+@njit(cache=True, nogil=True)
+def heap_push(hdr, keys, vals, pos, key, handle):
+    if handle < 0 or handle >= pos.shape[0]:
+        return ST_BAD_HANDLE
+    if pos[handle] >= 0:
+        return ST_PRESENT
+    size = hdr[H_SIZE]
+    if size >= keys.shape[0]:
+        return ST_FULL
+    hdr[H_SIZE] = size + 1
+    _sift_up(keys, vals, pos, size, key, handle)
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def heap_peek(hdr, keys, vals):
+    """-> (status, key, handle) of the minimum, without removing it."""
+    if hdr[H_SIZE] == 0:
+        return ST_EMPTY, 0, -1
+    return OK, keys[0], vals[0]
+
+
+@njit(cache=True, nogil=True)
+def heap_pop(hdr, keys, vals, pos):
+    """-> (status, key, handle) of the removed minimum."""
+    if hdr[H_SIZE] == 0:
+        return ST_EMPTY, 0, -1
+    key = keys[0]
+    handle = vals[0]
+    _take(hdr, keys, vals, pos, 0)
+    return OK, key, handle
+
+
+@njit(cache=True, nogil=True)
+def heap_remove(hdr, keys, vals, pos, handle):
+    """-> (status, key the handle had)."""
+    if handle < 0 or handle >= pos.shape[0]:
+        return ST_BAD_HANDLE, 0
+    i = pos[handle]
+    if i < 0:
+        return ST_ABSENT, 0
+    key = keys[i]
+    _take(hdr, keys, vals, pos, i)
+    return OK, key
+
+
+@njit(cache=True, nogil=True)
+def heap_update(hdr, keys, vals, pos, handle, new_key):
+    if handle < 0 or handle >= pos.shape[0]:
+        return ST_BAD_HANDLE
+    i = pos[handle]
+    if i < 0:
+        return ST_ABSENT
+    _place(keys, vals, pos, hdr[H_SIZE], i, new_key, handle)
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def heap_peek_and_shift(hdr, keys, vals, pos, deadline, out_handles, out_keys):
+    """Pop every entry with key <= deadline, in order, into the output arrays (at most their length).
+    -> the number popped; call again when it equals the room given."""
+    room = min(out_handles.shape[0], out_keys.shape[0])
+    n = 0
+    while n < room and hdr[H_SIZE] > 0 and keys[0] <= deadline:
+        out_keys[n] = keys[0]
+        out_handles[n] = vals[0]
+        _take(hdr, keys, vals, pos, 0)
+        n += 1
+    return n
+
+
+@njit(cache=True, nogil=True)
+def heap_clear(hdr, vals, pos):
+    for i in range(hdr[H_SIZE]):
+        h = vals[i]
+        if 0 <= h < pos.shape[0]:
+            pos[h] = -1
+    hdr[H_SIZE] = 0
+
+
+@njit(cache=True, nogil=True)
+def heap_rebuild(hdr, keys, vals, pos):
+    """Restore heap order and pos[] after the first `size` (key, handle) pairs were written in any order
+    (Floyd's bottom-up heapify, O(n)). -> OK, or ST_BAD_HANDLE / ST_PRESENT for a bad or repeated handle."""
+    size = hdr[H_SIZE]
+    pos[:] = -1
+    for i in range(size):
+        h = vals[i]
+        if h < 0 or h >= pos.shape[0]:
+            return ST_BAD_HANDLE
+        if pos[h] >= 0:
+            return ST_PRESENT
+        pos[h] = i
+    for i in range(size // 2 - 1, -1, -1):
+        _sift_down(keys, vals, pos, size, i, keys[i], vals[i])
+    return OK
+
+
+@njit(cache=True, nogil=True)
+def heap_check(hdr, keys, vals, pos):
+    """Verify heap order, pos[] both ways and the size bound. -> OK or ST_CORRUPT."""
+    size = hdr[H_SIZE]
+    if size < 0 or size > keys.shape[0]:
+        return ST_CORRUPT
+    present = 0
+    for h in range(pos.shape[0]):
+        i = pos[h]
+        if i >= 0:
+            if i >= size or vals[i] != h:
+                return ST_CORRUPT
+            present += 1
+        elif i != -1:
+            return ST_CORRUPT
+    if present != size:
+        return ST_CORRUPT
+    for i in range(1, size):
+        parent = (i - 1) >> 1
+        if _less(keys[i], vals[i], keys[parent], vals[parent]):
+            return ST_CORRUPT
+    return OK
+
+
+# ---------------------------------------------------------------------------------------------- Python class
+
+class HeapFull(Exception):
+    """push on a heap holding `capacity` entries."""
+
+
+class TimerHeap:
+    """A min-heap of (deadline ns, handle) living in `buf` at `offset` (shared memory, an mmap, a bytearray).
+
+    Resource handling: the object holds numpy views of `buf` and never frees it; the owner of the buffer closes
+    it after dropping the heap. Error handling: status codes from the kernels become exceptions here (HeapFull,
+    KeyError for an absent handle, ValueError for a handle out of range or already present).
+    """
+
+    __slots__ = ("hdr", "keys", "vals", "pos", "capacity", "n_handles")
+
+    def __init__(self, buf, offset: int = 0):
+        """Attach to an initialised heap; checks magic, version and that the buffer holds the whole layout."""
+        if offset % 8:
+            raise ValueError(f"heap offset {offset} is not 8-aligned")
+        hdr = np.frombuffer(buf, dtype=np.int64, count=HEADER_WORDS, offset=offset)
+        if hdr[H_MAGIC] != HEAP_MAGIC:
+            raise ValueError(f"no timer heap at offset {offset} (magic {int(hdr[H_MAGIC]):#x})")
+        if hdr[H_VERSION] != HEAP_VERSION:
+            raise ValueError(f"timer heap layout version {int(hdr[H_VERSION])}, this code reads {HEAP_VERSION}")
+        capacity, n_handles = int(hdr[H_CAPACITY]), int(hdr[H_HANDLES])
+        need = heap_nbytes(capacity, n_handles)
+        if offset + need > memoryview(buf).nbytes:
+            raise ValueError(f"timer heap needs {need} bytes at offset {offset}, buffer is smaller")
+        base = offset + 8 * HEADER_WORDS
+        self.hdr = hdr
+        self.keys = np.frombuffer(buf, dtype=np.int64, count=capacity, offset=base)
+        self.vals = np.frombuffer(buf, dtype=np.int64, count=capacity, offset=base + 8 * capacity)
+        self.pos = np.frombuffer(buf, dtype=np.int64, count=n_handles, offset=base + 16 * capacity)
+        self.capacity, self.n_handles = capacity, n_handles
+
+    @classmethod
+    def create(cls, buf, offset: int, capacity: int, n_handles: int) -> TimerHeap:
+        """Initialise an empty heap in `buf` (overwriting what is there) and attach to it."""
+        if capacity < 1 or n_handles < 1:
+            raise ValueError("capacity and n_handles must be >= 1")
+        need = heap_nbytes(capacity, n_handles)
+        if offset % 8 or offset + need > memoryview(buf).nbytes:
+            raise ValueError(f"timer heap needs {need} bytes at an 8-aligned offset; got offset {offset}")
+        hdr = np.frombuffer(buf, dtype=np.int64, count=HEADER_WORDS, offset=offset)
+        pos = np.frombuffer(buf, dtype=np.int64, count=n_handles, offset=offset + need - 8 * n_handles)
+        pos[:] = -1
+        hdr[:] = 0
+        hdr[H_VERSION], hdr[H_CAPACITY], hdr[H_HANDLES] = HEAP_VERSION, capacity, n_handles
+        hdr[H_MAGIC] = HEAP_MAGIC  # last: a half-initialised heap does not attach
+        return cls(buf, offset)
+
+    def __len__(self) -> int:
+        return int(self.hdr[H_SIZE])
+
+    def __contains__(self, handle: int) -> bool:
+        return 0 <= handle < self.n_handles and self.pos[handle] >= 0
+
+    def key_of(self, handle: int) -> int:
+        i = self.pos[handle] if 0 <= handle < self.n_handles else -1
+        if i < 0:
+            raise KeyError(handle)
+        return int(self.keys[i])
+
+    def push(self, key: int, handle: int) -> None:
+        self._raise(heap_push(self.hdr, self.keys, self.vals, self.pos, key, handle), handle)
+
+    def peek(self) -> tuple[int, int] | None:
+        """(key, handle) of the minimum, or None when empty."""
+        st, key, handle = heap_peek(self.hdr, self.keys, self.vals)
+        return None if st == ST_EMPTY else (key, handle)
+
+    def pop(self) -> tuple[int, int] | None:
+        st, key, handle = heap_pop(self.hdr, self.keys, self.vals, self.pos)
+        return None if st == ST_EMPTY else (key, handle)
+
+    def remove(self, handle: int) -> int:
+        """Remove `handle`; returns the key it had."""
+        st, key = heap_remove(self.hdr, self.keys, self.vals, self.pos, handle)
+        self._raise(st, handle)
+        return key
+
+    def update(self, handle: int, key: int) -> None:
+        self._raise(heap_update(self.hdr, self.keys, self.vals, self.pos, handle, key), handle)
+
+    def peek_and_shift(self, deadline: int, out_handles: np.ndarray, out_keys: np.ndarray) -> int:
+        """Pop every entry with key <= deadline into the int64 output arrays (up to their length); -> count."""
+        return heap_peek_and_shift(self.hdr, self.keys, self.vals, self.pos, deadline, out_handles, out_keys)
+
+    def clear(self) -> None:
+        heap_clear(self.hdr, self.vals, self.pos)
+
+    def rebuild(self, keys: np.ndarray, handles: np.ndarray) -> None:
+        """Replace the content with the given pairs in O(n) (a restarted scanner reloading its timers)."""
+        n = len(keys)
+        if n != len(handles) or n > self.capacity:
+            raise HeapFull(f"{n} entries for a heap of capacity {self.capacity}")
+        self.keys[:n], self.vals[:n] = keys, handles
+        self.hdr[H_SIZE] = n
+        st = heap_rebuild(self.hdr, self.keys, self.vals, self.pos)
+        if st != OK:
+            heap_clear(self.hdr, self.vals, self.pos)
+            raise ValueError("rebuild: a handle is out of range or repeated")
+
+    def check(self) -> None:
+        if heap_check(self.hdr, self.keys, self.vals, self.pos) != OK:
+            raise AssertionError("timer heap invariants broken")
+
+    def _raise(self, st: int, handle: int) -> None:
+        if st == OK:
+            return
+        if st == ST_FULL:
+            raise HeapFull(f"timer heap full ({self.capacity} entries)")
+        if st == ST_ABSENT:
+            raise KeyError(handle)
+        if st == ST_PRESENT:
+            raise ValueError(f"handle {handle} is already in the heap")
+        raise ValueError(f"handle {handle} outside [0, {self.n_handles})")
