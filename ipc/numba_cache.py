@@ -1,0 +1,96 @@
+"""Where numba's ``cache=True`` writes compiled kernels; configured once, before any kernel module is imported.
+
+Theory of operation
+-------------------
+numba keys a cached kernel on its own source file's path and mtime only, so editing ``ipc/atomics.py`` would leave
+a stale ``ring.py`` kernel (which inlines the atomics) in the cache, and numba fails when the package directory is
+read-only (a system install). So every kernel module of ours imports ``ipc`` first, whose ``__init__`` calls
+``configure()``: it points ``NUMBA_CACHE_DIR`` at
+
+    $XDG_CACHE_HOME/nsqpy/<nsqpy version>-py<major.minor>-numba<version>-<hash of our kernel sources>
+
+(``~/.cache`` when XDG_CACHE_HOME is unset). The hash covers every ``*.py`` file that mentions numba under the
+source roots (``ipc/`` and its sibling ``nsqpy/``), so any kernel edit starts a fresh directory instead of
+reusing stale code. If that directory cannot be created or written, a per-user directory under the system temp
+dir is tried; if that fails too, ``CACHE_ENABLED`` is False and ``CACHE_DIR`` None: kernels written as
+``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while ``cache=True`` kernels keep working through
+the temp-dir fallback, which only a machine without any writable directory lacks.
+
+An explicit ``NUMBA_CACHE_DIR`` in the environment wins (an operator's choice); this is the one place below an
+entry point that reads the environment, because numba itself reads it at import time.
+"""
+from __future__ import annotations
+
+import hashlib
+import os
+import sys
+import tempfile
+from pathlib import Path
+
+__all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "source_roots"]
+
+CACHE_DIR: str | None = None
+CACHE_ENABLED: bool = False
+KERNEL_CACHE: bool = False
+
+
+def source_roots() -> list[Path]:
+    here = Path(__file__).resolve().parent
+    return [p for p in (here, here.parent / "nsqpy") if p.is_dir()]
+
+
+def _sources_hash(roots) -> str:
+    digest = hashlib.blake2b(digest_size=6)
+    for root in roots:
+        for path in sorted(root.rglob("*.py")):
+            try:
+                text = path.read_bytes()
+            except OSError:
+                continue
+            if b"numba" in text:
+                digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + text + b"\0")
+    return digest.hexdigest()
+
+
+def _package_version() -> str:
+    try:
+        from importlib.metadata import version
+        return version("nsqpy")
+    except Exception:  # not installed (running from a checkout)
+        return "dev"
+
+
+def _writable(path: Path) -> bool:
+    try:
+        path.mkdir(parents=True, exist_ok=True)
+        probe = tempfile.NamedTemporaryFile(dir=path, prefix=".probe-", delete=True)
+        probe.close()
+        return True
+    except OSError:
+        return False
+
+
+def _candidates(leaf: str):
+    base = os.environ.get("XDG_CACHE_HOME") or os.path.join(os.path.expanduser("~"), ".cache")
+    yield Path(base) / "nsqpy" / leaf
+    yield Path(tempfile.gettempdir()) / f"nsqpy-numba-{os.getuid()}" / leaf
+
+
+def configure() -> str | None:
+    """Choose and install the cache directory; idempotent. Returns the directory, or None if caching is off."""
+    global CACHE_DIR, CACHE_ENABLED, KERNEL_CACHE
+    if CACHE_DIR is not None or CACHE_ENABLED:
+        return CACHE_DIR
+    chosen = os.environ.get("NUMBA_CACHE_DIR")
+    if not chosen:
+        import numba  # version only; compiling nothing
+        leaf = "{}-py{}.{}-numba{}-{}".format(_package_version(), sys.version_info[0], sys.version_info[1],
+                                             numba.__version__, _sources_hash(source_roots()))
+        chosen = next((str(p) for p in _candidates(leaf) if _writable(p)), None)
+    if chosen:
+        os.environ["NUMBA_CACHE_DIR"] = chosen
+        from numba.core import config
+        config.CACHE_DIR = chosen  # numba read the environment when it was imported
+    CACHE_DIR, CACHE_ENABLED = chosen, bool(chosen)
+    KERNEL_CACHE = CACHE_ENABLED
+    return CACHE_DIR
