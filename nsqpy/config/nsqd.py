@@ -1,0 +1,192 @@
+"""NsqdOptions: every nsqd flag of NSQ v1.3.0 (plus the few master-only ones the
+spec lists), with NSQ's names, defaults and start-up checks, and nsqpy's own
+options after them.  Durations are int nanoseconds; ``limits()`` hands the
+protocol code the plain integers it compares against.
+"""
+from __future__ import annotations
+
+import dataclasses
+import os
+from typing import ClassVar
+
+from .common import DaemonOptions, TLSRequired, TLSVersion, default_node_id, hostname
+from .duration import HOUR, MILLISECOND, MINUTE, SECOND
+from .kinds import Bool, Choice, Duration, Int, Percentiles, Str, StrList, TLSRequiredKind
+from .options import option, require
+
+TLS_REQUIRED = TLSRequiredKind(
+    {"false": TLSRequired.NOT_REQUIRED, "true": TLSRequired.REQUIRED, "tcp-https": TLSRequired.EXCEPT_HTTP}, "")
+TLS_MIN_VERSION = Choice(
+    # "" keeps the default, as nsqd's flag does; ssl3.0 is named in nsqd's help but refused.
+    {"": TLSVersion.TLS1_0, "tls1.0": TLSVersion.TLS1_0, "tls1.1": TLSVersion.TLS1_1,
+     "tls1.2": TLSVersion.TLS1_2, "tls1.3": TLSVersion.TLS1_3},
+    "unknown tlsVersionOption {quoted}",
+)
+TLS_CLIENT_AUTH_POLICY = Choice(
+    {"": "", "require": "require", "require-verify": "require-verify"},
+    'must be "", "require" or "require-verify"',
+)
+AUTH_HTTP_REQUEST_METHOD = Choice({"get": "get", "post": "post"}, "must be 'post' or 'get'")
+
+
+@dataclasses.dataclass(frozen=True)
+class NsqdLimits:
+    """The numbers the V2 protocol and HTTP handlers check, in the units the wire uses."""
+
+    max_msg_size: int
+    max_body_size: int
+    max_rdy_count: int
+    max_req_timeout_ms: int
+    max_msg_timeout_ms: int
+    msg_timeout_ms: int
+    client_timeout_ms: int
+    max_heartbeat_interval_ms: int
+    max_output_buffer_size: int
+    max_output_buffer_timeout_ms: int
+    min_output_buffer_timeout_ms: int
+    output_buffer_timeout_ms: int
+    max_deflate_level: int
+    max_channel_consumers: int
+    deflate: bool
+    snappy: bool
+    auth_required: bool
+
+
+@dataclasses.dataclass
+class NsqdOptions(DaemonOptions):
+    PROG: ClassVar[str] = "nsqd"
+    # nsqd internals with no flag (nsqd/options.go): fixed, but kept here with the rest.
+    CLIENT_TIMEOUT: ClassVar[int] = 60 * SECOND
+    QUEUE_SCAN_INTERVAL: ClassVar[int] = 100 * MILLISECOND
+    QUEUE_SCAN_REFRESH_INTERVAL: ClassVar[int] = 5 * SECOND
+    QUEUE_SCAN_DIRTY_PERCENT: ClassVar[float] = 0.25
+
+    log_prefix: str = option(Str(), "[nsqd] ", "prefix for every log line")
+    node_id: int = option(Int(0, 1023), None, "unique part of message IDs, in [0,1024) "
+                          "(default: a hash of the hostname)", factory=default_node_id, cfg="id")
+    worker_id: bool = option(Bool(), False, "[deprecated] no effect; use --node-id", from_file=False, reported=False)
+
+    tcp_address: str = option(Str(), "0.0.0.0:4150", "<addr>:<port> (or a unix socket path) for TCP clients")
+    http_address: str = option(Str(), "0.0.0.0:4151", "<addr>:<port> (or a unix socket path) for HTTP clients; "
+                               "empty to disable")
+    https_address: str = option(Str(), "0.0.0.0:4152", "<addr>:<port> for HTTPS clients (used only with "
+                                "--tls-cert and --tls-key)")
+    broadcast_address: str = option(Str(), None, "address registered with nsqlookupd (default: the OS hostname)",
+                                     factory=hostname)
+    broadcast_tcp_port: int = option(Int(), 0, "TCP port registered with nsqlookupd (0: the port listened on)")
+    broadcast_http_port: int = option(Int(), 0, "HTTP port registered with nsqlookupd (0: the port listened on)")
+    lookupd_tcp_address: list[str] = option(StrList(), [], "nsqlookupd TCP address (repeatable)",
+                                            cfg="nsqlookupd_tcp_addresses")
+    auth_http_address: list[str] = option(StrList(), [], "auth server as <addr>:<port> or a full URL "
+                                          "(repeatable)", cfg="auth_http_addresses")
+    auth_http_request_method: str = option(AUTH_HTTP_REQUEST_METHOD, "get", "HTTP method for auth requests: "
+                                           "get or post")
+    http_client_connect_timeout: int = option(Duration(), 2 * SECOND, "connect timeout for requests to "
+                                              "nsqlookupd and auth servers")
+    http_client_request_timeout: int = option(Duration(), 5 * SECOND, "whole-request timeout for requests to "
+                                              "nsqlookupd and auth servers")
+    topology_region: str = option(Str(), "", "region of this node, for topology-aware consumption")
+    topology_zone: str = option(Str(), "", "zone of this node, for topology-aware consumption")
+    enable_experiment: list[str] = option(StrList(), [], "turn on an experimental feature, e.g. "
+                                          "topology-aware-consumption (repeatable)")
+
+    data_path: str = option(Str(), "", "directory for nsqd.dat and the disk queues (default: the working "
+                            "directory)")
+    mem_queue_size: int = option(Int(), 10000, "messages kept in memory per topic and per channel")
+    max_bytes_per_file: int = option(Int(), 104857600, "bytes per disk-queue file before it rolls")
+    sync_every: int = option(Int(), 2500, "messages written to a disk queue between fsyncs")
+    sync_timeout: int = option(Duration(), 2 * SECOND, "longest time between disk-queue fsyncs")
+    queue_scan_worker_pool_max: int = option(Int(), 4, "most workers scanning in-flight and deferred "
+                                             "timeouts at once")
+    queue_scan_selection_count: int = option(Int(), 20, "channels sampled per scan (every 100ms) for "
+                                             "in-flight and deferred timeouts")
+
+    msg_timeout: int = option(Duration(), 60 * SECOND, "default time a client has before a message is "
+                              "requeued automatically")
+    max_msg_timeout: int = option(Duration(), 15 * MINUTE, "longest message timeout a client may ask for")
+    max_msg_size: int = option(Int(), 1048576, "largest message body, in bytes")
+    max_req_timeout: int = option(Duration(), HOUR, "longest requeue delay (REQ) and deferral (DPUB, "
+                                  "/pub?defer)")
+    max_body_size: int = option(Int(), 5242880, "largest command body (IDENTIFY, AUTH, MPUB), in bytes")
+    max_heartbeat_interval: int = option(Duration(), 60 * SECOND, "longest heartbeat interval a client "
+                                         "may ask for")
+    max_rdy_count: int = option(Int(), 2500, "largest RDY count a client may set")
+    max_output_buffer_size: int = option(Int(), 65536, "largest output buffer a client may ask for, in bytes")
+    max_output_buffer_timeout: int = option(Duration(), 30 * SECOND, "longest output flush interval a "
+                                            "client may ask for")
+    min_output_buffer_timeout: int = option(Duration(), 25 * MILLISECOND, "shortest output flush interval "
+                                            "a client may ask for")
+    output_buffer_timeout: int = option(Duration(), 250 * MILLISECOND, "default output flush interval")
+    max_channel_consumers: int = option(Int(), 0, "most consumer connections per channel (0: no limit)")
+
+    statsd_address: str = option(Str(), "", "UDP <addr>:<port> of a statsd daemon to push stats to")
+    statsd_interval: int = option(Duration(), 60 * SECOND, "time between statsd pushes")
+    statsd_mem_stats: bool = option(Bool(), True, "include memory and GC stats in statsd pushes")
+    statsd_prefix: str = option(Str(), "nsq.%s", "prefix of statsd keys (%s becomes the host and port)")
+    statsd_udp_packet_size: int = option(Int(), 508, "size of statsd UDP packets, in bytes")
+    statsd_exclude_ephemeral: bool = option(Bool(), False, "leave #ephemeral topics and channels out of "
+                                            "statsd")
+    e2e_processing_latency_percentile: list[float] = option(
+        Percentiles(), [], "end-to-end latency percentile to track, in (0,1] (repeatable or "
+        "comma-separated, e.g. 1.0,0.99,0.95)", cfg="e2e_processing_latency_percentiles")
+    e2e_processing_latency_window_time: int = option(Duration(), 10 * MINUTE, "time window the latency "
+                                                     "percentiles cover")
+
+    tls_cert: str = option(Str(), "", "path to the TLS certificate file")
+    tls_key: str = option(Str(), "", "path to the TLS key file")
+    tls_client_auth_policy: str = option(TLS_CLIENT_AUTH_POLICY, "", "client certificate policy: require or "
+                                         "require-verify (either implies --tls-required)")
+    tls_root_ca_file: str = option(Str(), "", "path to the CA file used to verify client certificates and "
+                                   "auth servers")
+    tls_required: TLSRequired = option(TLS_REQUIRED, TLSRequired.NOT_REQUIRED, "require TLS from clients: "
+                                       "true, false or tcp-https (TCP only)")
+    tls_min_version: TLSVersion = option(TLS_MIN_VERSION, TLSVersion.TLS1_0, "lowest TLS version accepted: "
+                                         "tls1.0, tls1.1, tls1.2 or tls1.3")
+    deflate: bool = option(Bool(), True, "let clients negotiate deflate compression")
+    max_deflate_level: int = option(Int(1, 9), 6, "highest deflate level a client may negotiate (1-9)")
+    snappy: bool = option(Bool(), True, "let clients negotiate snappy compression")
+
+    # nsqpy's own options: not in NSQ; each help says so.
+    workers: int = option(Int(1), None, "nsqpy only: number of broker worker processes sharing the "
+                          "listeners (default: the number of CPUs)", factory=lambda: os.cpu_count() or 1,
+                          nsqpy_only=True)
+
+    def settle(self) -> None:
+        # nsqd: any client-certificate policy turns TLS on for clients.
+        if self.tls_client_auth_policy and self.tls_required == TLSRequired.NOT_REQUIRED:
+            self.tls_required = TLSRequired.REQUIRED
+        require(bool(self.tls_cert) == bool(self.tls_key), "-tls-cert and -tls-key must be given together")
+        require(self.tls_required == TLSRequired.NOT_REQUIRED or bool(self.tls_cert),
+                "cannot require TLS client connections (-tls-required, -tls-client-auth-policy) "
+                "without -tls-cert and -tls-key")
+
+    def data_directory(self) -> str:
+        """--data-path, with "" meaning the working directory as in nsqd."""
+        return self.data_path or os.getcwd()
+
+    def limits(self) -> NsqdLimits:
+        return NsqdLimits(
+            max_msg_size=self.max_msg_size,
+            max_body_size=self.max_body_size,
+            max_rdy_count=self.max_rdy_count,
+            max_req_timeout_ms=_ms(self.max_req_timeout),
+            max_msg_timeout_ms=_ms(self.max_msg_timeout),
+            msg_timeout_ms=_ms(self.msg_timeout),
+            client_timeout_ms=_ms(self.CLIENT_TIMEOUT),
+            max_heartbeat_interval_ms=_ms(self.max_heartbeat_interval),
+            max_output_buffer_size=self.max_output_buffer_size,
+            max_output_buffer_timeout_ms=_ms(self.max_output_buffer_timeout),
+            min_output_buffer_timeout_ms=_ms(self.min_output_buffer_timeout),
+            output_buffer_timeout_ms=_ms(self.output_buffer_timeout),
+            max_deflate_level=self.max_deflate_level,
+            max_channel_consumers=self.max_channel_consumers,
+            deflate=self.deflate,
+            snappy=self.snappy,
+            auth_required=bool(self.auth_http_address),
+        )
+
+
+def _ms(nanoseconds: int) -> int:
+    """Whole milliseconds, truncated toward zero like Go's d / time.Millisecond."""
+    whole = abs(nanoseconds) // MILLISECOND
+    return -whole if nanoseconds < 0 else whole
