@@ -395,6 +395,9 @@ FILE_ERRORS = [
      "invalid value [1, 2] for key nsqlookupd_tcp_addresses: wrong type, expected an array of strings "
      "or a comma-separated string"),
     ("id = 2000", "invalid value 2000 for key id: must be in range [0,1023]"),
+    ("max_msg_size = 9223372036854775808", "invalid value 9223372036854775808 for key max_msg_size: "
+                                           "value out of range"),
+    ("msg_timeout = 9223372036854775", "invalid value 9223372036854775 for key msg_timeout: value out of range"),
     ('log_level = "loud"',
      'invalid value "loud" for key log_level: invalid log level \'loud\' (debug, info, warn, error, fatal)'),
     ("e2e_processing_latency_percentiles = [2.0]",

@@ -68,6 +68,13 @@ def _is_int(raw: object) -> bool:
     return isinstance(raw, int) and not isinstance(raw, bool)
 
 
+def _int64(value: int) -> int:
+    """tomllib reads integers of any size; Go's TOML decoder stops at int64."""
+    if not _INT64_MIN <= value <= _INT64_MAX:
+        raise ValueError("value out of range")
+    return value
+
+
 class Kind:
     """Base: a flag that takes a value, shown in -h as ``-name <type_name>``."""
 
@@ -126,7 +133,7 @@ class Int(Kind):
 
     def from_file(self, raw: object) -> int:
         if _is_int(raw):
-            return self.check(raw)
+            return self.check(_int64(raw))
         if isinstance(raw, str):
             return self.check(parse_go_int(raw, any_base=False))
         raise _wrong_type("expected an integer")
@@ -174,7 +181,7 @@ class Duration(Kind):
 
     def from_file(self, raw: object) -> int:
         if _is_int(raw):
-            return raw * MILLISECOND
+            return _int64(_int64(raw) * MILLISECOND)
         if isinstance(raw, str):
             return parse_duration(raw)  # the message names the bad text, like Go's
         raise _wrong_type("expected a duration string or integer milliseconds")
