@@ -11,6 +11,10 @@ names, numbers, message IDs and sizes. It yields commands only once they are com
 Two batch paths keep per-message work out of Python:
 * a run of two or more `FIN` lines is split by one kernel call into one `FinBatch`;
 * a run of two or more `RDY` lines becomes one `Rdy` holding the last count (each count is still checked).
+
+With `stop_after_sub`, `feed` stops right after a `SUB` (the last item is then the `Sub`): the broker may move the connection to the
+topic's owner process, which continues with the bytes from `take_buffer()`; a broker that keeps the connection
+calls `feed(b"")` to parse the rest.
 Kernels accept only the plain well-formed form; any other line goes through the Python path, which is the
 reference for every error text.
 
@@ -68,8 +72,10 @@ class Limits:
 class V2Parser:
     """Incremental V2 command parser for one connection (see the module docstring for the contract)."""
 
-    def __init__(self, limits: Limits = Limits(), *, expect_magic: bool = True, state: int = STATE_INIT):
+    def __init__(self, limits: Limits = Limits(), *, expect_magic: bool = True, state: int = STATE_INIT,
+                 stop_after_sub: bool = False):
         self.limits = limits
+        self.stop_after_sub = stop_after_sub
         self.state = state
         self.error: ProtocolError | None = None
         self._need_magic = expect_magic
@@ -86,6 +92,15 @@ class V2Parser:
     def buffered(self) -> int:
         """Bytes held between feeds (bounded, see the module docstring)."""
         return len(self._buf)
+
+    def take_buffer(self) -> bytes:
+        """Hand over every byte received but not parsed (after a SUB, see `_parse`) and forget it."""
+        if self._body is not None:
+            raise RuntimeError("a command body is half read")
+        rest = bytes(self._buf)
+        self._buf = bytearray()
+        self._scanned = 0
+        return rest
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> list:
         if self.error is not None:
@@ -161,6 +176,10 @@ class V2Parser:
                     self._body = result
                 else:
                     out.append(result)
+                    if type(result) is Sub and self.stop_after_sub:
+                        # Stop right after a SUB: the broker may hand the connection to another process,
+                        # which then takes the unparsed rest with `take_buffer()`; otherwise feed(b"") resumes.
+                        return pos, None
         except ProtocolError as err:
             return pos, err
 

@@ -206,3 +206,18 @@ def test_mpub_ignores_declared_body_size_like_nsqd():
 def test_mpub_messages_may_not_outgrow_max_body_size():
     err = parse(b"MPUB t\n" + mpub_body(b"abc", b"def", size=5), max_body_size=15)[-1]
     assert err.code == E_BAD_BODY and err.fatal
+
+
+def test_stop_after_sub_hands_over_the_rest():
+    parser = V2Parser(expect_magic=False, stop_after_sub=True)
+    assert parser.feed(b"NOP\nSUB t c\nRDY 3\nCLS\nPUB") == [Nop(), Sub("t", "c")]
+    assert parser.take_buffer() == b"RDY 3\nCLS\nPUB"
+    assert parser.buffered == 0
+    other = V2Parser(expect_magic=False, state=parser.state)
+    assert other.feed(b"RDY 3\nCLS\n") == [Rdy(3), Cls()]
+
+
+def test_stop_after_sub_resumes_on_empty_feed():
+    parser = V2Parser(expect_magic=False, stop_after_sub=True)
+    assert parser.feed(b"SUB t c\nRDY 3\n") == [Sub("t", "c")]
+    assert parser.feed(b"") == [Rdy(3)]
