@@ -22,40 +22,39 @@ of an operation can leave one entry duplicated or missing, so the heap is derive
 (ipc/inflight.py) holds every deadline and is the source of truth a restarted scanner rebuilds from (``clear`` and
 push, or write the arrays and ``rebuild``).
 
-Layout (all words int64, little-endian, at a caller-given offset that is a multiple of 8)::
+Layout (all words int64, little-endian, at a caller-given offset that is a multiple of 8; the header line is
+ipc/layout.py's)::
 
-    +0    +-------------------------------+
-          | magic  "NSQHEAP\0"            |  word 0
-          | layout version                |  word 1
-          | capacity   (max entries)      |  word 2
-          | n_handles  (len of pos)       |  word 3
-          | size       (entries now)      |  word 4
-          | reserved x3                   |  words 5-7
-    +64   +-------------------------------+
-          | keys[capacity]                |  keys[0] is the minimum
-          +-------------------------------+
-          | handles[capacity]             |  handles[i] belongs to keys[i]
-          +-------------------------------+
-          | pos[n_handles]                |  index of a handle in the heap, or -1
-          +-------------------------------+
-    +64 + 16*capacity + 8*n_handles
+    +0    +---------------------------------------------------------------+
+          | magic "NSQTHEAP" | version | size in bytes | capacity | n_handles |  header line (LINE bytes)
+    +128  +---------------------------------------------------------------+
+          | count (entries now)                                           |  control line: the kernels' `ctl`
+    +256  +---------------------------------------------------------------+
+          | keys[capacity]                                                |  keys[0] is the minimum
+          +---------------------------------------------------------------+
+          | handles[capacity]                                             |  handles[i] belongs to keys[i]
+          +---------------------------------------------------------------+
+          | pos[n_handles]                                                |  index of a handle, or -1
+          +---------------------------------------------------------------+
+    +256 + 16*capacity + 8*n_handles
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
+
 __all__ = [
-    "TimerHeap", "HeapFull", "HEAP_MAGIC", "HEAP_VERSION", "heap_nbytes",
+    "TimerHeap", "HeapFull", "HEAP_MAGIC", "HEAP_VERSION", "C_COUNT", "heap_nbytes",
     "OK", "ST_EMPTY", "ST_FULL", "ST_BAD_HANDLE", "ST_PRESENT", "ST_ABSENT", "ST_CORRUPT",
     "heap_push", "heap_peek", "heap_pop", "heap_remove", "heap_update", "heap_peek_and_shift",
     "heap_clear", "heap_rebuild", "heap_check",
 ]
 
-HEAP_MAGIC = int.from_bytes(b"NSQHEAP\0", "little")
+HEAP_MAGIC = magic("NSQTHEAP")
 HEAP_VERSION = 1
-HEADER_WORDS = 8
-H_MAGIC, H_VERSION, H_CAPACITY, H_HANDLES, H_SIZE = 0, 1, 2, 3, 4
+C_COUNT = 0  # control-line word: the number of entries
 
 OK = 0
 ST_EMPTY = -1        # pop/peek on an empty heap
@@ -67,11 +66,11 @@ ST_CORRUPT = -6      # heap_check found a broken invariant
 
 
 def heap_nbytes(capacity: int, n_handles: int) -> int:
-    return 8 * (HEADER_WORDS + 2 * capacity + n_handles)
+    return 2 * LINE + 8 * (2 * capacity + n_handles)
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
-# Arguments: hdr (the 8 header words), keys, vals (handles), pos: 1-D int64 views of the layout.
+# Arguments: ctl (the control line), keys, vals (handles), pos: 1-D int64 views of the layout.
 
 @njit(cache=True, nogil=True, inline="always")
 def _less(k1, h1, k2, h2):
@@ -123,50 +122,50 @@ def _place(keys, vals, pos, size, i, key, handle):
 
 
 @njit(cache=True, nogil=True)
-def _take(hdr, keys, vals, pos, i):
+def _take(ctl, keys, vals, pos, i):
     """Remove the entry at index i (0 <= i < size); the last entry fills the hole."""
-    last = hdr[H_SIZE] - 1
+    last = ctl[C_COUNT] - 1
     pos[vals[i]] = -1
-    hdr[H_SIZE] = last
+    ctl[C_COUNT] = last
     if i != last:
         _place(keys, vals, pos, last, i, keys[last], vals[last])
 
 
 @njit(cache=True, nogil=True)
-def heap_push(hdr, keys, vals, pos, key, handle):
+def heap_push(ctl, keys, vals, pos, key, handle):
     if handle < 0 or handle >= pos.shape[0]:
         return ST_BAD_HANDLE
     if pos[handle] >= 0:
         return ST_PRESENT
-    size = hdr[H_SIZE]
+    size = ctl[C_COUNT]
     if size >= keys.shape[0]:
         return ST_FULL
-    hdr[H_SIZE] = size + 1
+    ctl[C_COUNT] = size + 1
     _sift_up(keys, vals, pos, size, key, handle)
     return OK
 
 
 @njit(cache=True, nogil=True)
-def heap_peek(hdr, keys, vals):
+def heap_peek(ctl, keys, vals):
     """-> (status, key, handle) of the minimum, without removing it."""
-    if hdr[H_SIZE] == 0:
+    if ctl[C_COUNT] == 0:
         return ST_EMPTY, 0, -1
     return OK, keys[0], vals[0]
 
 
 @njit(cache=True, nogil=True)
-def heap_pop(hdr, keys, vals, pos):
+def heap_pop(ctl, keys, vals, pos):
     """-> (status, key, handle) of the removed minimum."""
-    if hdr[H_SIZE] == 0:
+    if ctl[C_COUNT] == 0:
         return ST_EMPTY, 0, -1
     key = keys[0]
     handle = vals[0]
-    _take(hdr, keys, vals, pos, 0)
+    _take(ctl, keys, vals, pos, 0)
     return OK, key, handle
 
 
 @njit(cache=True, nogil=True)
-def heap_remove(hdr, keys, vals, pos, handle):
+def heap_remove(ctl, keys, vals, pos, handle):
     """-> (status, key the handle had)."""
     if handle < 0 or handle >= pos.shape[0]:
         return ST_BAD_HANDLE, 0
@@ -174,49 +173,49 @@ def heap_remove(hdr, keys, vals, pos, handle):
     if i < 0:
         return ST_ABSENT, 0
     key = keys[i]
-    _take(hdr, keys, vals, pos, i)
+    _take(ctl, keys, vals, pos, i)
     return OK, key
 
 
 @njit(cache=True, nogil=True)
-def heap_update(hdr, keys, vals, pos, handle, new_key):
+def heap_update(ctl, keys, vals, pos, handle, new_key):
     if handle < 0 or handle >= pos.shape[0]:
         return ST_BAD_HANDLE
     i = pos[handle]
     if i < 0:
         return ST_ABSENT
-    _place(keys, vals, pos, hdr[H_SIZE], i, new_key, handle)
+    _place(keys, vals, pos, ctl[C_COUNT], i, new_key, handle)
     return OK
 
 
 @njit(cache=True, nogil=True)
-def heap_peek_and_shift(hdr, keys, vals, pos, deadline, out_handles, out_keys):
+def heap_peek_and_shift(ctl, keys, vals, pos, deadline, out_handles, out_keys):
     """Pop every entry with key <= deadline, in order, into the output arrays (at most their length).
     -> the number popped; call again when it equals the room given."""
     room = min(out_handles.shape[0], out_keys.shape[0])
     n = 0
-    while n < room and hdr[H_SIZE] > 0 and keys[0] <= deadline:
+    while n < room and ctl[C_COUNT] > 0 and keys[0] <= deadline:
         out_keys[n] = keys[0]
         out_handles[n] = vals[0]
-        _take(hdr, keys, vals, pos, 0)
+        _take(ctl, keys, vals, pos, 0)
         n += 1
     return n
 
 
 @njit(cache=True, nogil=True)
-def heap_clear(hdr, vals, pos):
-    for i in range(hdr[H_SIZE]):
+def heap_clear(ctl, vals, pos):
+    for i in range(ctl[C_COUNT]):
         h = vals[i]
         if 0 <= h < pos.shape[0]:
             pos[h] = -1
-    hdr[H_SIZE] = 0
+    ctl[C_COUNT] = 0
 
 
 @njit(cache=True, nogil=True)
-def heap_rebuild(hdr, keys, vals, pos):
+def heap_rebuild(ctl, keys, vals, pos):
     """Restore heap order and pos[] after the first `size` (key, handle) pairs were written in any order
     (Floyd's bottom-up heapify, O(n)). -> OK, or ST_BAD_HANDLE / ST_PRESENT for a bad or repeated handle."""
-    size = hdr[H_SIZE]
+    size = ctl[C_COUNT]
     pos[:] = -1
     for i in range(size):
         h = vals[i]
@@ -231,9 +230,9 @@ def heap_rebuild(hdr, keys, vals, pos):
 
 
 @njit(cache=True, nogil=True)
-def heap_check(hdr, keys, vals, pos):
+def heap_check(ctl, keys, vals, pos):
     """Verify heap order, pos[] both ways and the size bound. -> OK or ST_CORRUPT."""
-    size = hdr[H_SIZE]
+    size = ctl[C_COUNT]
     if size < 0 or size > keys.shape[0]:
         return ST_CORRUPT
     present = 0
@@ -268,26 +267,20 @@ class TimerHeap:
     KeyError for an absent handle, ValueError for a handle out of range or already present).
     """
 
-    __slots__ = ("hdr", "keys", "vals", "pos", "capacity", "n_handles")
+    __slots__ = ("ctl", "keys", "vals", "pos", "capacity", "n_handles")
 
     def __init__(self, buf, offset: int = 0):
-        """Attach to an initialised heap; checks magic, version and that the buffer holds the whole layout."""
-        if offset % 8:
-            raise ValueError(f"heap offset {offset} is not 8-aligned")
-        hdr = np.frombuffer(buf, dtype=np.int64, count=HEADER_WORDS, offset=offset)
-        if hdr[H_MAGIC] != HEAP_MAGIC:
-            raise ValueError(f"no timer heap at offset {offset} (magic {int(hdr[H_MAGIC]):#x})")
-        if hdr[H_VERSION] != HEAP_VERSION:
-            raise ValueError(f"timer heap layout version {int(hdr[H_VERSION])}, this code reads {HEAP_VERSION}")
-        capacity, n_handles = int(hdr[H_CAPACITY]), int(hdr[H_HANDLES])
-        need = heap_nbytes(capacity, n_handles)
-        if offset + need > memoryview(buf).nbytes:
-            raise ValueError(f"timer heap needs {need} bytes at offset {offset}, buffer is smaller")
-        base = offset + 8 * HEADER_WORDS
-        self.hdr = hdr
-        self.keys = np.frombuffer(buf, dtype=np.int64, count=capacity, offset=base)
-        self.vals = np.frombuffer(buf, dtype=np.int64, count=capacity, offset=base + 8 * capacity)
-        self.pos = np.frombuffer(buf, dtype=np.int64, count=n_handles, offset=base + 16 * capacity)
+        """Attach to an initialised heap; LayoutError unless magic, version and size match and `buf` holds it."""
+        hdr = words(buf, offset, HEADER_WORDS, "timer heap")
+        size, capacity, n_handles = check_header(hdr, HEAP_MAGIC, HEAP_VERSION, what="timer heap")[:3]
+        if size != heap_nbytes(capacity, n_handles):
+            raise LayoutError(f"timer heap: size {size} does not match capacity {capacity}, {n_handles} handles")
+        whole = words(buf, offset, size // 8, "timer heap")
+        arrays = whole[2 * LINE_WORDS:]
+        self.ctl = whole[LINE_WORDS:2 * LINE_WORDS]
+        self.keys = arrays[:capacity]
+        self.vals = arrays[capacity:2 * capacity]
+        self.pos = arrays[2 * capacity:]
         self.capacity, self.n_handles = capacity, n_handles
 
     @classmethod
@@ -295,19 +288,15 @@ class TimerHeap:
         """Initialise an empty heap in `buf` (overwriting what is there) and attach to it."""
         if capacity < 1 or n_handles < 1:
             raise ValueError("capacity and n_handles must be >= 1")
-        need = heap_nbytes(capacity, n_handles)
-        if offset % 8 or offset + need > memoryview(buf).nbytes:
-            raise ValueError(f"timer heap needs {need} bytes at an 8-aligned offset; got offset {offset}")
-        hdr = np.frombuffer(buf, dtype=np.int64, count=HEADER_WORDS, offset=offset)
-        pos = np.frombuffer(buf, dtype=np.int64, count=n_handles, offset=offset + need - 8 * n_handles)
-        pos[:] = -1
-        hdr[:] = 0
-        hdr[H_VERSION], hdr[H_CAPACITY], hdr[H_HANDLES] = HEAP_VERSION, capacity, n_handles
-        hdr[H_MAGIC] = HEAP_MAGIC  # last: a half-initialised heap does not attach
+        size = heap_nbytes(capacity, n_handles)
+        whole = words(buf, offset, size // 8, "timer heap")
+        whole[HEADER_WORDS:] = 0
+        whole[size // 8 - n_handles:] = -1  # pos[]: no handle present
+        stamp_header(whole[:HEADER_WORDS], HEAP_MAGIC, HEAP_VERSION, size, (capacity, n_handles))
         return cls(buf, offset)
 
     def __len__(self) -> int:
-        return int(self.hdr[H_SIZE])
+        return int(self.ctl[C_COUNT])
 
     def __contains__(self, handle: int) -> bool:
         return 0 <= handle < self.n_handles and self.pos[handle] >= 0
@@ -319,32 +308,32 @@ class TimerHeap:
         return int(self.keys[i])
 
     def push(self, key: int, handle: int) -> None:
-        self._raise(heap_push(self.hdr, self.keys, self.vals, self.pos, key, handle), handle)
+        self._raise(heap_push(self.ctl, self.keys, self.vals, self.pos, key, handle), handle)
 
     def peek(self) -> tuple[int, int] | None:
         """(key, handle) of the minimum, or None when empty."""
-        st, key, handle = heap_peek(self.hdr, self.keys, self.vals)
+        st, key, handle = heap_peek(self.ctl, self.keys, self.vals)
         return None if st == ST_EMPTY else (key, handle)
 
     def pop(self) -> tuple[int, int] | None:
-        st, key, handle = heap_pop(self.hdr, self.keys, self.vals, self.pos)
+        st, key, handle = heap_pop(self.ctl, self.keys, self.vals, self.pos)
         return None if st == ST_EMPTY else (key, handle)
 
     def remove(self, handle: int) -> int:
         """Remove `handle`; returns the key it had."""
-        st, key = heap_remove(self.hdr, self.keys, self.vals, self.pos, handle)
+        st, key = heap_remove(self.ctl, self.keys, self.vals, self.pos, handle)
         self._raise(st, handle)
         return key
 
     def update(self, handle: int, key: int) -> None:
-        self._raise(heap_update(self.hdr, self.keys, self.vals, self.pos, handle, key), handle)
+        self._raise(heap_update(self.ctl, self.keys, self.vals, self.pos, handle, key), handle)
 
     def peek_and_shift(self, deadline: int, out_handles: np.ndarray, out_keys: np.ndarray) -> int:
         """Pop every entry with key <= deadline into the int64 output arrays (up to their length); -> count."""
-        return heap_peek_and_shift(self.hdr, self.keys, self.vals, self.pos, deadline, out_handles, out_keys)
+        return heap_peek_and_shift(self.ctl, self.keys, self.vals, self.pos, deadline, out_handles, out_keys)
 
     def clear(self) -> None:
-        heap_clear(self.hdr, self.vals, self.pos)
+        heap_clear(self.ctl, self.vals, self.pos)
 
     def rebuild(self, keys: np.ndarray, handles: np.ndarray) -> None:
         """Replace the content with the given pairs in O(n) (a restarted scanner reloading its timers)."""
@@ -352,14 +341,14 @@ class TimerHeap:
         if n != len(handles) or n > self.capacity:
             raise HeapFull(f"{n} entries for a heap of capacity {self.capacity}")
         self.keys[:n], self.vals[:n] = keys, handles
-        self.hdr[H_SIZE] = n
-        st = heap_rebuild(self.hdr, self.keys, self.vals, self.pos)
+        self.ctl[C_COUNT] = n
+        st = heap_rebuild(self.ctl, self.keys, self.vals, self.pos)
         if st != OK:
-            heap_clear(self.hdr, self.vals, self.pos)
+            heap_clear(self.ctl, self.vals, self.pos)
             raise ValueError("rebuild: a handle is out of range or repeated")
 
     def check(self) -> None:
-        if heap_check(self.hdr, self.keys, self.vals, self.pos) != OK:
+        if heap_check(self.ctl, self.keys, self.vals, self.pos) != OK:
             raise AssertionError("timer heap invariants broken")
 
     def _raise(self, st: int, handle: int) -> None:

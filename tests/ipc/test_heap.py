@@ -8,6 +8,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from ipc.heap import HeapFull, TimerHeap, heap_nbytes
+from ipc.layout import LayoutError
 
 CAPACITY, HANDLES = 12, 16
 KEYS = st.integers(-5, 40)  # a narrow range so that equal deadlines are common
@@ -120,12 +121,17 @@ def test_attach_checks_layout():
     heap.push(7, 3)
     again = TimerHeap(buf, 64)
     assert again.peek() == (7, 3)
-    with pytest.raises(ValueError, match="no timer heap"):
+    with pytest.raises(LayoutError, match="magic"):
         TimerHeap(buf, 0)
-    with pytest.raises(ValueError, match="smaller"):
+    with pytest.raises(LayoutError, match="buffer holds"):
         TimerHeap(bytes(buf[:-8]), 64)
-    with pytest.raises(ValueError):
+    with pytest.raises(LayoutError):
         TimerHeap.create(bytearray(100), 0, CAPACITY, HANDLES)
+    other = bytearray(buf)
+    TimerHeap.create(other, 64, CAPACITY, HANDLES - 1)
+    np.frombuffer(other, np.int64, 8, 64)[3] = CAPACITY + 1  # a header whose size does not fit its parameters
+    with pytest.raises(LayoutError, match="size"):
+        TimerHeap(other, 64)
 
 
 def test_handoff_between_processes():
