@@ -1,0 +1,127 @@
+"""nsqpy against other NSQ-compatible brokers, scenario by scenario, with the ratios in one JSON line.
+
+    python -m benchmarks.compare [--target nsqd=127.0.0.1:4150 ...] [--rounds 3] [--runfor 5s]
+        [--connections N] [--latency-rate 10000] [--nsqpy-command CMD] [--plot DIR] [--out FILE]
+
+nsqpy is started here (fresh --data-path, port 0; ready once it logs its `TCP: listening on` line, waited on
+with a deadline) and stopped at the end; every --target is an address of something already running. Each
+round runs every scenario against every target in turn (A/B interleaved, so a drift in the machine's load
+hits all alike), each in a topic of its own so no run reads another's backlog:
+
+| scenario   | tool and flags                                                          | figure (ratio)     |
+|------------|-------------------------------------------------------------------------|--------------------|
+| writer     | bench_writer, MPUB of 200 x 200 B                                       | ops/s (higher)     |
+| reader     | bench_reader, RDY 2500, --count = what `writer` just wrote              | ops/s (higher)     |
+| pub        | bench_writer --batch-size 1 (one PUB per round trip)                    | ops/s (higher)     |
+| latency    | latency at --latency-rate msgs/s                                        | p99 µs (lower)     |
+
+The JSON holds every run, the median per scenario and target, and `ratios` = nsqpy / target of those
+medians. --plot DIR writes throughput.png and latency_cdf.png (matplotlib is imported only then).
+"""
+
+from __future__ import annotations
+
+import argparse
+import shlex
+import statistics
+import sys
+import tempfile
+
+from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log
+from benchmarks.process import ListeningProcess, run_tool
+
+NSQPY_COMMAND = ("{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 "
+                 "--data-path={data_path}")
+# scenario -> (figure key in its result, True when higher is better)
+FIGURES = {"writer": ("ops_per_s", True), "reader": ("ops_per_s", True), "pub": ("ops_per_s", True),
+           "latency": ("p99_us", False)}
+
+
+def run_scenarios(address: str, topic: str, opts) -> dict:
+    """One round of every scenario against one address; scenario -> that tool's JSON result."""
+    common = ["--nsqd-tcp-address", address, "--no-ceiling", "--connections", str(opts.connections)]
+    runfor = ["--runfor", f"{opts.runfor}s"]
+    results = {}
+    _, results["writer"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_mpub",
+                                    "--batch-size", "200", "--size", "200")
+    written = results["writer"]["msgs"]
+    _, results["reader"] = run_tool("benchmarks.bench_reader", *common, "--topic", topic + "_mpub",
+                                    "--rdy", "2500", "--count", str(written),
+                                    "--runfor", f"{max(opts.runfor * 10, 60)}s")
+    _, results["pub"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_pub",
+                                 "--batch-size", "1", "--size", "200")
+    _, latency = run_tool("benchmarks.latency", "--nsqd-tcp-address", address, "--no-ceiling", *runfor,
+                          "--topic", topic + "_lat", "--rates", str(opts.latency_rate))
+    results["latency"] = {**latency["phases"][0], "errors": latency["errors"]}
+    return results
+
+
+def figure(scenario: str, result: dict) -> float:
+    return float(result.get(FIGURES[scenario][0], 0.0))
+
+
+def summarize(runs: list[dict], names: list[str]) -> tuple[dict, dict]:
+    """Medians per scenario and target, and nsqpy / other for each other target."""
+    medians = {s: {n: statistics.median([figure(s, r["result"]) for r in runs
+                                         if r["scenario"] == s and r["target"] == n] or [0.0])
+                   for n in names} for s in FIGURES}
+    ratios = {s: {n: (medians[s]["nsqpy"] / medians[s][n] if medians[s][n] else None)
+                  for n in names if n != "nsqpy"} for s in FIGURES}
+    return medians, ratios
+
+
+def parse_target(text: str) -> tuple[str, str]:
+    name, sep, address = text.partition("=")
+    if not sep or not name or name == "nsqpy":
+        raise argparse.ArgumentTypeError(f"expected name=host:port (name not 'nsqpy'), got {text!r}")
+    return name, address
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(description="nsqpy vs other NSQ-compatible brokers, as ratios")
+    p.add_argument("--target", type=parse_target, action="append", default=[], help="name=host:port")
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--runfor", type=duration_s, default=5.0, help="per throughput run and latency phase")
+    p.add_argument("--connections", type=int, default=CORES)
+    p.add_argument("--latency-rate", type=int, default=10000)
+    p.add_argument("--nsqpy-command", default=NSQPY_COMMAND,
+                   help="how to start nsqpy; {python} and {data_path} are filled in")
+    p.add_argument("--ready-timeout", type=duration_s, default=60.0, help="wait this long for its listening line")
+    p.add_argument("--plot", default="", help="write PNG charts into this directory")
+    p.add_argument("--out", default="")
+    return p
+
+
+def main(argv=None) -> int:
+    opts = parser().parse_args(argv)
+    runs = []
+    with tempfile.TemporaryDirectory(prefix="nsqpy-compare-") as data_path:
+        command = shlex.split(opts.nsqpy_command.format(python=sys.executable, data_path=data_path))
+        with ListeningProcess(command, ready_timeout=opts.ready_timeout) as nsqpy:
+            targets = {"nsqpy": nsqpy.address_text, **dict(opts.target)}
+            log(f"compare: {targets}")
+            for round_no in range(opts.rounds):
+                for name, address in targets.items():
+                    log(f"compare: round {round_no + 1}/{opts.rounds} on {name} ({address})")
+                    topic = f"cmp{round_no}"
+                    for scenario, result in run_scenarios(address, topic, opts).items():
+                        runs.append({"round": round_no, "target": name, "scenario": scenario, "result": result})
+        if nsqpy.proc.returncode not in (0, -15):
+            log(f"compare: nsqpy exited with {nsqpy.proc.returncode}")
+    medians, ratios = summarize(runs, list(targets))
+    for scenario, row in ratios.items():
+        log(f"compare: {scenario}: " + ", ".join(f"nsqpy/{n} = {r:.3f}" if r else f"nsqpy/{n} = n/a"
+                                                 for n, r in row.items()))
+    result = {"tool": "compare", "targets": targets, "rounds": opts.rounds, "runfor_s": opts.runfor,
+              "latency_rate": opts.latency_rate, "figures": {s: f for s, (f, _) in FIGURES.items()},
+              "medians": medians, "ratios": ratios, "runs": runs,
+              "errors": sum(int(r["result"].get("errors", 0)) for r in runs), **environment()}
+    if opts.plot:
+        from benchmarks import plots  # matplotlib only when charts are asked for
+        result["plots"] = plots.write_all(result, opts.plot)
+    emit(result, opts.out)
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    cli(main)
