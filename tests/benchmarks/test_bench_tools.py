@@ -1,0 +1,119 @@
+"""The benchmark tools against their stand-in servers: real processes on port 0, each server waited on through
+its `TCP: listening on` line, each tool run for about a second as a subprocess printing its JSON line.
+
+No broker is needed here; the runs against nsqd/nsqpy are the lead's.
+"""
+
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from benchmarks import make_table
+from benchmarks.process import ListeningProcess, python_module, run_tool
+
+RUN = ["--runfor", "1s", "--connections", "2"]
+
+
+def serve(*args: str) -> ListeningProcess:
+    return ListeningProcess(python_module(*args), ready_timeout=60)
+
+
+@pytest.fixture
+def sink():
+    with serve("benchmarks.sink_server", "--processes", "2") as server:
+        yield server
+
+
+def assert_rates(result: dict) -> None:
+    assert result["errors"] == 0, result.get("first_error")
+    assert result["msgs"] > 0 and result["ops_per_s"] > 0 and result["mib_per_s"] > 0 and result["us_per_op"] > 0
+
+
+def test_writer_mpub_against_sink_every_message_arrives(tmp_path):
+    out = tmp_path / "w.json"
+    with serve("benchmarks.sink_server", "--processes", "1") as server:
+        code, result = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", server.address_text, *RUN,
+                                "--no-ceiling", "--out", str(out), timeout=60)
+    assert code == 0
+    assert_rates(result)
+    assert result["batch_size"] == 200 and result["msgs"] % 200 == 0
+    assert json.loads(out.read_text()) == result
+    counters = server.json_result()
+    assert counters["msgs_in"] == result["msgs"] and counters["errors"] == 0
+    assert counters["bytes_in"] == result["msgs"] * 200
+
+
+def test_writer_single_pub_with_ceiling(sink):
+    code, result = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", sink.address_text, *RUN,
+                            "--batch-size", "1", "--ceiling-runfor", "300ms", timeout=60)
+    assert code == 0
+    assert_rates(result)
+    assert result["batch_size"] == 1
+    assert result["ceiling_ops_per_s"] > 0 and result["ceiling_errors"] == 0
+
+
+def test_reader_against_source():
+    with serve("benchmarks.source_server", "--processes", "2") as server:
+        code, result = run_tool("benchmarks.bench_reader", "--nsqd-tcp-address", server.address_text, *RUN,
+                                "--ceiling-runfor", "300ms", timeout=60)
+    assert code == 0
+    assert_rates(result)
+    assert result["ceiling_ops_per_s"] > 0
+    assert server.json_result()["fins"] >= result["msgs"]
+
+
+def test_reader_count_receives_exactly_the_count():
+    count = 54321
+    with serve("benchmarks.source_server", "--messages", str(count)) as server:
+        code, result = run_tool("benchmarks.bench_reader", "--nsqd-tcp-address", server.address_text,
+                                "--runfor", "20s", "--connections", "2", "--count", str(count), "--no-ceiling",
+                                timeout=60)
+    assert code == 0
+    assert result["msgs"] == count and result["errors"] == 0
+    counters = server.json_result()
+    assert counters["msgs_out"] == count and counters["fins"] == count
+
+
+def test_reader_count_fails_when_messages_are_missing():
+    with serve("benchmarks.source_server", "--messages", "1000") as server:
+        code, result = run_tool("benchmarks.bench_reader", "--nsqd-tcp-address", server.address_text,
+                                "--runfor", "500ms", "--connections", "1", "--count", "1001", "--no-ceiling",
+                                timeout=60)
+    assert code == 1 and result["msgs"] == 1000
+
+
+def test_latency_against_relay():
+    with serve("benchmarks.source_server", "--relay") as server:
+        code, result = run_tool("benchmarks.latency", "--nsqd-tcp-address", server.address_text,
+                                "--rates", "1000,5000", "--runfor", "500ms", "--no-ceiling", timeout=60)
+    assert code == 0 and result["errors"] == 0
+    assert [p["rate"] for p in result["phases"]] == [1000, 5000]
+    for phase in result["phases"]:
+        assert phase["sent"] == phase["received"] == phase["rate"] // 2 and phase["lost"] == 0
+        assert 0 < phase["p50_us"] <= phase["p99_us"] <= phase["p999_us"] <= phase["max_us"]
+        assert phase["cdf_us"] == sorted(phase["cdf_us"])
+
+
+def test_make_table_rewrites_only_between_the_markers(tmp_path):
+    results = tmp_path / "results"
+    results.mkdir()
+    writer = {"tool": "bench_writer", "batch_size": 200, "connections": 2, "size": 200, "ops_per_s": 1234567.0,
+              "mib_per_s": 235.5, "us_per_op": 0.81, "ceiling_ops_per_s": 2000000.0, "errors": 0,
+              "when": "2026-11-21T00:00:00Z"}
+    latency = {"tool": "latency", "when": "w", "phases": [
+        {"rate": 10000, "achieved_rate": 9999.0, "p50_us": 210.0, "p99_us": 900.0, "p999_us": 1500.0,
+         "max_us": 2100.0, "lost": 0}]}
+    (results / "w1.json").write_text(json.dumps(writer) + "\n")
+    (results / "lat.json").write_text("not json\n" + json.dumps(latency) + "\n")
+    readme = tmp_path / "README.md"
+    readme.write_text(f"# head\n\n{make_table.BEGIN}\nold table\n{make_table.END}\n\ntail\n")
+    make_table.main(["--results", str(results), "--readme", str(readme)])
+    text = readme.read_text()
+    assert text.startswith(f"# head\n\n{make_table.BEGIN}\n") and text.endswith(f"{make_table.END}\n\ntail\n")
+    assert "old table" not in text
+    assert "| w1 | bench_writer | MPUB 200 | 2 | 200 | 1,234,567 | 235.5 | 0.810 | 2,000,000 | 0 |" in text
+    assert "| lat | 10,000 | 9,999 | 210 | 900 | 1,500 | 2,100 | 0 | w |" in text
+    make_table.main(["--results", str(results), "--readme", str(readme)])
+    assert readme.read_text() == text  # idempotent
