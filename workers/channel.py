@@ -1,0 +1,262 @@
+"""A channel, inside its topic's owner worker: consumers, delivery, FIN/REQ/TOUCH, timeouts.
+
+Theory of operation: the channel's queue is its cursor in the topic's message log plus a deque of in-flight slots
+that came back (REQ 0, timeout, due deferred message, a consumer that disconnected), which are delivered first.
+Delivery is credit-based like RDY itself: a consumer gets up to ``rdy - in_flight`` messages, handed out in
+rounds of at most ``ROUND`` per consumer so that the consumers of a channel share its messages evenly. One round
+for one consumer is one log read, one in-flight ``start_batch`` and one framing call, never a Python loop per
+message. Every state change of a slot is reported to the scanner (START with a deadline, REMOVE), which owns the
+timers and sends EXPIRED back (``on_expired``).
+
+A message whose ``not_before`` lies in the future (DPUB) is parked as a DEFERRED slot when the cursor reaches it,
+so that it is deferred per channel as NSQ does.
+"""
+import collections
+import time
+
+import numpy as np
+
+from ipc import inflight as IF
+from nsqpy.protocol.errors import FinFailed, ReqFailed, TouchFailed
+from nsqpy.protocol.ids import hex_to_id
+from workers.kernels import generations
+
+ROUND = 256            # messages per consumer per round: fairness between consumers vs. calls per message
+MAX_ROUND_BYTES = 4 << 20
+_FAIL_TEXT = {IF.ST_NOT_OWNER: "client does not own message"}
+
+
+def _fail_text(status):
+    return _FAIL_TEXT.get(status, "ID not in flight")
+
+
+class Channel:
+    def __init__(self, topic, name, ch, key):
+        self.topic = topic
+        self.worker = topic.worker
+        self.name = name
+        self.ch = ch            # slot in the topic's message log
+        self.key = key          # worker-unique channel number (the in-flight table's channel field)
+        self.ephemeral = name.endswith("#ephemeral")
+        self.paused = False
+        self.consumers = []
+        self.requeued = collections.deque()
+        self.message_count = 0
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.deleted = False
+        self._rr = 0
+        self._slots = np.empty(ROUND, np.int64)
+        self._status = np.empty(65536, np.int64)
+        self._freed = np.empty(65536, np.int64)
+
+    # ---- consumers -------------------------------------------------------------------------------------
+    def add_consumer(self, session):
+        self.consumers.append(session)
+        session.channel = self
+
+    def remove_consumer(self, session):
+        if session in self.consumers:
+            self.consumers.remove(session)
+        self.requeue_conn(session)
+        if self.ephemeral and not self.consumers and not self.deleted:
+            self.topic.delete_channel(self.name)
+
+    def wants_delivery(self):
+        self.worker.pending.add(self)
+
+    # ---- delivery --------------------------------------------------------------------------------------
+    def has_messages(self):
+        return bool(self.requeued) or self.topic.log.depth(self.ch) > 0
+
+    def deliver(self):
+        """One delivery pass over the consumers; True when more could be delivered right away."""
+        if self.paused or self.topic.paused or not self.consumers or self.deleted:
+            return False
+        more = False
+        n = len(self.consumers)
+        start = self._rr % n
+        self._rr += 1
+        for i in range(n):
+            s = self.consumers[(start + i) % n]
+            free = s.rdy - s.in_flight
+            if free <= 0 or not s.ready_for_more():
+                continue
+            sent = self._deliver_to(s, min(free, ROUND))
+            if sent == 0 and not self.has_messages():
+                return False
+            if sent >= min(free, ROUND) and s.rdy > s.in_flight:
+                more = True
+        return more
+
+    def _deliver_to(self, s, budget):
+        now = time.time_ns()
+        deadline = now + s.settings.msg_timeout_ms * 1_000_000
+        if self.requeued:
+            return self._redeliver(s, budget, now, deadline)
+        log = self.topic.log
+        b = log.read(self.ch, budget, MAX_ROUND_BYTES)
+        if b.n == 0:
+            return 0
+        n = b.n
+        pos, ids, nb, att = b.positions[:n], b.ids[:n], b.not_before[:n], b.attempts[:n] + 1
+        keep = None
+        deferred = nb > now
+        if deferred.any():
+            self._park_deferred(pos[deferred], ids[deferred], att[deferred] - 1, nb[deferred], now)
+            keep = ~deferred
+        if s.settings.sample_rate > 0:
+            sampled = np.random.randint(0, 100, n) <= s.settings.sample_rate
+            keep = sampled if keep is None else keep & sampled
+        if keep is not None:
+            pos, ids, att = pos[keep], ids[keep], att[keep]
+        sent = self._start(s, pos, ids, att, now, deadline)
+        log.advance(self.ch, b.next_position)
+        return sent
+
+    def _start(self, s, pos, ids, att, now, deadline):
+        n = len(pos)
+        if n == 0:
+            return 0
+        w = self.worker
+        slots = self._slots[:n] if n <= ROUND else np.empty(n, np.int64)
+        started = w.inflight.start_batch(self.topic.index, self.key, s.conn_id, now, deadline, ids, pos, att, slots)
+        if started != n:  # duplicates after a crash re-read, or a full table: deliver only what got a slot
+            ok = slots >= 0
+            pos, att, slots = pos[ok], att[ok], slots[ok]
+            n = len(pos)
+            if n == 0:
+                return 0
+        w.write_frames(s, self.topic.log, pos, att)
+        w.scanner_start(slots, deadline)
+        s.in_flight += n
+        s.message_count += n
+        self.message_count += n
+        return n
+
+    def _redeliver(self, s, budget, now, deadline):
+        w = self.worker
+        table = w.inflight
+        taken = []
+        while self.requeued and len(taken) < budget:
+            slot = self.requeued.popleft()
+            if table.redeliver(slot, s.conn_id, now, deadline) == IF.OK:
+                taken.append(slot)
+        if not taken:
+            return 0
+        slots = np.array(taken, np.int64)
+        _, pos, att = generations(table, slots)
+        w.write_frames(s, self.topic.log, pos, att)
+        w.scanner_start(slots, deadline)
+        s.in_flight += len(taken)
+        s.message_count += len(taken)
+        self.message_count += len(taken)
+        return len(taken)
+
+    def _park_deferred(self, pos, ids, att, not_before, now):
+        table = self.worker.inflight
+        slots = np.empty(len(pos), np.int64)
+        table.start_batch(self.topic.index, self.key, -1, now, now, ids, pos, att, slots)
+        for slot, due in zip(slots.tolist(), not_before.tolist()):
+            if slot >= 0:
+                table.requeue(slot, due)
+                self.worker.scanner_start_one(slot, due)
+
+    # ---- FIN / REQ / TOUCH -------------------------------------------------------------------------------
+    def finish_one(self, s, msg_id):
+        value = hex_to_id(msg_id)
+        slot = IF.ST_NOT_FOUND if value is None else self.worker.inflight.lookup(self.key, value, s.conn_id)
+        if slot < 0:
+            raise FinFailed(f"FIN {msg_id.decode('latin-1')} failed {_fail_text(slot)}")
+        self.worker.inflight.release(slot)
+        self.worker.scanner_remove(np.array([slot], np.int64))
+        s.in_flight -= 1
+        s.finish_count += 1
+        self.wants_delivery()
+
+    def finish_batch(self, s, batch):
+        n = len(batch)
+        status, freed = self._status[:n], self._freed[:n]
+        if n > len(self._status):
+            status, freed = np.empty(n, np.int64), np.empty(n, np.int64)
+        ids = batch.values
+        done = self.worker.inflight.finish_batch(self.key, ids, s.conn_id, status, freed)
+        if done:
+            self.worker.scanner_remove(freed[status == IF.OK])
+            s.in_flight -= done
+            s.finish_count += done
+            self.wants_delivery()
+        if done != n:
+            for i in np.nonzero(status != IF.OK)[0].tolist():
+                s._fail(FinFailed(f"FIN {bytes(batch.ids[i]).decode('latin-1')} failed "
+                                  f"{_fail_text(int(status[i]))}"))
+
+    def _lookup(self, s, msg_id, verb, error):
+        value = hex_to_id(msg_id)
+        slot = IF.ST_NOT_FOUND if value is None else self.worker.inflight.lookup(self.key, value, s.conn_id)
+        if slot < 0:
+            raise error(f"{verb} {msg_id.decode('latin-1')} failed {_fail_text(slot)}")
+        return slot
+
+    def requeue(self, s, msg_id, timeout_ms):
+        slot = self._lookup(s, msg_id, "REQ", ReqFailed)
+        table = self.worker.inflight
+        if timeout_ms <= 0:
+            table.requeue(slot, 0)
+            self.worker.scanner_remove(np.array([slot], np.int64))
+            self.requeued.append(slot)
+        else:
+            due = time.time_ns() + timeout_ms * 1_000_000
+            table.requeue(slot, due)
+            self.worker.scanner_start_one(slot, due)
+        s.in_flight -= 1
+        s.requeue_count += 1
+        self.requeue_count += 1
+        self.wants_delivery()
+
+    def touch(self, s, msg_id):
+        slot = self._lookup(s, msg_id, "TOUCH", TouchFailed)
+        table = self.worker.inflight
+        info = table.slot(slot)
+        now = time.time_ns()
+        deadline = min(now + s.settings.msg_timeout_ms * 1_000_000,
+                       info.delivered_ns + self.worker.opts.max_msg_timeout)
+        table.touch(slot, deadline)
+        self.worker.scanner_start_one(slot, deadline)
+
+    # ---- timers and disconnects ------------------------------------------------------------------------
+    def on_expired(self, slot, info, session):
+        """The scanner says slot's deadline passed (the generation was already checked): an in-flight message
+        timed out, or a deferred one is due. Either way it goes back to the front of the channel."""
+        if info.state == IF.IN_FLIGHT:
+            self.timeout_count += 1
+            if session is not None:
+                session.in_flight -= 1
+                if session.ready_for_more():
+                    self.wants_delivery()
+            self.worker.inflight.requeue(slot, 0)
+        self.requeued.append(slot)
+        self.wants_delivery()
+
+    def requeue_conn(self, session):
+        """Everything in flight at a consumer that went away comes back at once."""
+        table = self.worker.inflight
+        slots = table.iter_conn(session.conn_id)
+        mine = [x for x in slots.tolist() if table.slot(x).channel == self.key]
+        for slot in mine:
+            table.requeue(slot, 0)
+            self.requeued.append(slot)
+        if mine:
+            self.worker.scanner_remove(np.array(mine, np.int64))
+            session.in_flight = 0
+            self.wants_delivery()
+
+    def drop_all(self):
+        """Channel deleted or emptied: free every slot it holds."""
+        table = self.worker.inflight
+        for slot in self.worker.slots_of_channel(self.key):
+            table.release(slot)
+        self.requeued.clear()
+        for s in self.consumers:
+            s.in_flight = 0
+

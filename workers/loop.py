@@ -1,0 +1,147 @@
+"""A small epoll event loop for the broker's processes.
+
+Theory of operation: a worker serves hundreds of sockets plus a few eventfds (ring wake-ups) and Unix sockets
+(fd hand-offs). asyncio's Futures and Handles cost several microseconds per event, which is the whole budget of a
+PUB round trip, so the worker drives epoll itself: level-triggered readers, a write-interest flag only while a
+socket has unsent output, a heap of timers, and "idle" callbacks run once per iteration after all I/O of that
+iteration was handled (that is where batched delivery and output flushing happen, so one iteration's reads share
+one flush).
+
+Error handling: a callback that raises is logged and its fd removed; the loop itself never dies from a callback.
+"""
+import heapq
+import itertools
+import select
+import time
+import traceback
+
+
+class Timer:
+    __slots__ = ("when", "callback", "cancelled")
+
+    def __init__(self, when, callback):
+        self.when = when
+        self.callback = callback
+        self.cancelled = False
+
+    def cancel(self):
+        self.cancelled = True
+
+
+class Loop:
+    def __init__(self, logger=None):
+        self._ep = select.epoll()
+        self._readers = {}
+        self._writers = {}
+        self._masks = {}
+        self._timers = []
+        self._seq = itertools.count()
+        self._idle = []
+        self._running = False
+        self.log = logger
+
+    # ---- fds -------------------------------------------------------------------------------------------
+    def _update(self, fd):
+        mask = (select.EPOLLIN if fd in self._readers else 0) | (select.EPOLLOUT if fd in self._writers else 0)
+        old = self._masks.get(fd)
+        if mask == 0:
+            if old is not None:
+                del self._masks[fd]
+                try:
+                    self._ep.unregister(fd)
+                except (OSError, ValueError):
+                    pass
+        elif old is None:
+            self._ep.register(fd, mask)
+            self._masks[fd] = mask
+        elif old != mask:
+            self._ep.modify(fd, mask)
+            self._masks[fd] = mask
+
+    def add_reader(self, fd, callback):
+        self._readers[fd] = callback
+        self._update(fd)
+
+    def remove_reader(self, fd):
+        if self._readers.pop(fd, None) is not None:
+            self._update(fd)
+
+    def add_writer(self, fd, callback):
+        if self._writers.get(fd) is not callback:
+            self._writers[fd] = callback
+            self._update(fd)
+
+    def remove_writer(self, fd):
+        if self._writers.pop(fd, None) is not None:
+            self._update(fd)
+
+    def forget(self, fd):
+        """Drop every interest in fd (call before closing it)."""
+        self._readers.pop(fd, None)
+        self._writers.pop(fd, None)
+        self._update(fd)
+
+    # ---- time ------------------------------------------------------------------------------------------
+    @staticmethod
+    def time():
+        return time.monotonic()
+
+    def call_later(self, delay, callback):
+        t = Timer(time.monotonic() + delay, callback)
+        heapq.heappush(self._timers, (t.when, next(self._seq), t))
+        return t
+
+    def add_idle(self, callback):
+        """callback() runs once after the I/O of every iteration."""
+        self._idle.append(callback)
+
+    # ---- running ---------------------------------------------------------------------------------------
+    def stop(self):
+        self._running = False
+
+    def _report(self, what):
+        if self.log is not None:
+            self.log.error(f"{what}: {traceback.format_exc().strip()}")
+
+    def run(self):
+        self._running = True
+        timers = self._timers
+        while self._running:
+            timeout = -1
+            if timers:
+                timeout = max(0.0, timers[0][0] - time.monotonic())
+            for cb in self._idle:
+                if cb():
+                    timeout = 0  # idle work wants another pass right away
+            try:
+                events = self._ep.poll(timeout)
+            except InterruptedError:
+                continue
+            for fd, ev in events:
+                if ev & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP):
+                    cb = self._readers.get(fd)
+                    if cb is not None:
+                        self._dispatch(cb, fd)
+                if ev & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
+                    cb = self._writers.get(fd)
+                    if cb is not None:
+                        self._dispatch(cb, fd)
+            if timers:
+                now = time.monotonic()
+                while timers and timers[0][0] <= now:
+                    _, _, t = heapq.heappop(timers)
+                    if not t.cancelled:
+                        try:
+                            t.callback()
+                        except Exception:
+                            self._report("timer callback failed")
+
+    def _dispatch(self, cb, fd):
+        try:
+            cb()
+        except Exception:
+            self._report(f"callback for fd {fd} failed")
+            self.forget(fd)
+
+    def close(self):
+        self._ep.close()

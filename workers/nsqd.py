@@ -1,0 +1,63 @@
+"""The ``nsqd`` command: NSQ's broker, started with NSQ's flags.
+
+    nsqd --tcp-address=127.0.0.1:4150 --data-path=/var/lib/nsqd --workers=2
+
+Builds the options (flags > --config TOML > defaults), creates the shared resources (``workers.plan``), binds the
+listener, forks the acceptor, the workers and the scanner under the supervisor, and prints NSQ's start-up lines
+once every child reported ready, so that the "listening on" line means connections are served.
+"""
+import platform
+import sys
+
+from nsqpy.config import NsqdOptions
+from nsqpy.log import Logger
+from workers.acceptor import acceptor_main
+from workers.plan import Plan
+from workers.scanner import scanner_main
+from workers.supervisor import Supervisor
+from workers.worker import worker_main
+
+NSQ_VERSION = "1.3.0"
+
+
+def version_string():
+    return f"nsqd v{NSQ_VERSION}-nsqpy (built w/{platform.python_implementation().lower()}{platform.python_version()})"
+
+
+def main(argv=None):
+    opts = NsqdOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqd")
+    if opts.version:
+        print(version_string())
+        return 0
+    log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    log.info(version_string())
+    log.info(f"ID: {opts.node_id}")
+    plan = Plan(opts, log)
+    try:
+        plan.create()
+        host, port = plan.bind()
+    except OSError as e:
+        log.fatal(f"failed to start: {e}")
+        plan.destroy()
+        return 1
+    sup = Supervisor(log)
+    sup.cleanups.append(plan.destroy)
+    sup.add("acceptor", lambda restarted, ready: acceptor_main(plan, restarted, ready, log))
+    for w in range(plan.workers):
+        sup.add(f"worker {w}", lambda restarted, ready, w=w: worker_main(plan, w, restarted, ready, log))
+    sup.add("scanner", lambda restarted, ready: scanner_main(plan, restarted, ready, log))
+    counters = {f"worker {w}": w for w in range(plan.workers)}
+    counters["scanner"] = -1
+    sup.on_restart = lambda child: child.name in counters and plan.control.count_restart(counters[child.name])
+    sup.start()
+    if not sup.wait_ready():
+        log.fatal("a process failed to start")
+        sup.shutdown()
+        return 1
+    shown = f"[{host}]" if ":" in host else host
+    log.info(f"TCP: listening on {shown}:{port}")
+    return sup.run()
+
+
+if __name__ == "__main__":
+    sys.exit(main())

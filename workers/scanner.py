@@ -1,0 +1,127 @@
+"""The scanner process: sole owner of the timer heaps (in-flight deadlines and deferred due times).
+
+Theory of operation: each worker has one heap in shared memory whose handles are that worker's in-flight slot
+numbers; a DEFERRED slot's due time and an IN_FLIGHT slot's deadline are the same kind of key, so one heap per
+worker serves both. Workers post events through their ring to the scanner:
+
+    START  n x (slot, generation, key)   push the slot, or move its key (TOUCH, REQ with a delay, redelivery)
+    REMOVE n x (slot)                    FIN, REQ 0, disconnect: the timer is no longer needed
+    RESET  ()                            the worker restarted and will post START for what it still holds
+
+Each pass drains the rings, then pops every entry whose key has passed (one ``peek_and_shift`` call per heap) and
+posts EXPIRED n x (slot, generation) back to the worker, which ignores an entry whose generation moved on. Unlike
+NSQ's sampled queueScanLoop, nothing is sampled: the scanner sleeps exactly until the earliest key (at most
+``MAX_SLEEP``) or until a worker wakes it, so a due message never waits for a scan interval.
+
+Crash handling: the heaps are derived state. A restarted scanner clears them and bumps the scanner epoch in the
+control block; every worker then posts START for every slot it holds (``Worker.resync_scanner``).
+"""
+import os
+import select
+import signal
+import time
+
+import numpy as np
+from numba import njit
+
+from ipc.heap import heap_push, heap_remove, heap_update
+
+START, REMOVE, RESET, EXPIRED = 1, 2, 3, 4
+MAX_SLEEP = 0.1
+SHIFT_BATCH = 4096
+
+
+@njit(cache=True, nogil=True)
+def apply_starts(ctl, keys, vals, pos, gens, recs):
+    """recs: (n, 3) int64 rows of (slot, generation, key)."""
+    for i in range(recs.shape[0]):
+        slot, gen, key = recs[i, 0], recs[i, 1], recs[i, 2]
+        if slot < 0 or slot >= pos.shape[0]:
+            continue
+        if pos[slot] >= 0:
+            heap_update(ctl, keys, vals, pos, slot, key)
+        else:
+            heap_push(ctl, keys, vals, pos, key, slot)
+        gens[slot] = gen
+
+
+@njit(cache=True, nogil=True)
+def apply_removes(ctl, keys, vals, pos, slots):
+    for i in range(slots.shape[0]):
+        slot = slots[i]
+        if 0 <= slot < pos.shape[0] and pos[slot] >= 0:
+            heap_remove(ctl, keys, vals, pos, slot)
+
+
+class Scanner:
+    def __init__(self, plan, restarted, log):
+        self.plan = plan
+        self.log = log
+        self.links = plan.link_set
+        self.heaps = plan.heaps
+        self.gens = [np.zeros(h.n_handles, np.int64) for h in self.heaps]
+        self.inboxes = [self.links.to_scanner(w) for w in range(plan.workers)]
+        self.outboxes = [self.links.from_scanner(w) for w in range(plan.workers)]
+        for link in self.inboxes:
+            self.links.recover_reader(link)
+        for link in self.outboxes:
+            self.links.recover_writer(link)
+        self._handles = np.empty(SHIFT_BATCH, np.int64)
+        self._keys = np.empty(SHIFT_BATCH, np.int64)
+        self._stop = False
+        for h in self.heaps:
+            h.clear()
+        plan.control.bump_scanner_epoch()
+
+    def on_record(self, w, rtype, payload):
+        h = self.heaps[w]
+        if rtype == START:
+            recs = np.frombuffer(payload, np.int64).reshape(-1, 3)
+            apply_starts(h.ctl, h.keys, h.vals, h.pos, self.gens[w], recs)
+        elif rtype == REMOVE:
+            apply_removes(h.ctl, h.keys, h.vals, h.pos, np.frombuffer(payload, np.int64))
+        elif rtype == RESET:
+            h.clear()
+
+    def sweep(self, now_ns):
+        """Post EXPIRED for every due entry; returns the earliest remaining key (or None)."""
+        earliest = None
+        for w, h in enumerate(self.heaps):
+            out = self.outboxes[w]
+            while True:
+                if not out.has_room(16 * SHIFT_BATCH + 64):
+                    break  # the worker is behind: its entries stay due and go out on the next pass
+                n = h.peek_and_shift(now_ns, self._handles, self._keys)
+                if n == 0:
+                    break
+                slots = self._handles[:n]
+                recs = np.empty((n, 2), np.int64)
+                recs[:, 0] = slots
+                recs[:, 1] = self.gens[w][slots]
+                out.send(EXPIRED, recs.tobytes())
+                self.links.wake(w)
+                if n < SHIFT_BATCH:
+                    break
+            if len(h):
+                key = int(h.keys[0])
+                earliest = key if earliest is None else min(earliest, key)
+        return earliest
+
+    def run(self, ready_fd):
+        signal.signal(signal.SIGTERM, lambda *a: setattr(self, "_stop", True))
+        os.write(ready_fd, b"s")
+        while not self._stop:
+            busy = False
+            for w, inbox in enumerate(self.inboxes):
+                busy |= inbox.drain(lambda rtype, payload, w=w: self.on_record(w, rtype, payload)) > 0
+            now = time.time_ns()
+            earliest = self.sweep(now)
+            if busy:
+                continue
+            wait = MAX_SLEEP if earliest is None else min(MAX_SLEEP, max(0.0, (earliest - now) / 1e9))
+            if wait > 0:
+                self.links.sleep(self.links.SCANNER, wait, lambda: all(i.empty() for i in self.inboxes))
+
+
+def scanner_main(plan, restarted, ready_fd, log):
+    Scanner(plan, restarted, log).run(ready_fd)

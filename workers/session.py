@@ -1,0 +1,259 @@
+"""One V2 client connection inside a worker: bytes in through the sans-IO parser, commands dispatched by a table,
+replies and message frames out through a write buffer.
+
+Theory of operation: the worker's loop calls ``on_readable``; one ``recv`` may hold hundreds of commands, which
+are parsed in one ``feed`` (FIN runs and MPUBs come out as batch commands) and handled in order. Replies are
+appended to ``wbuf`` and the session is marked dirty; the worker flushes every dirty session once per loop
+iteration, so a pipelined burst of PUBs is answered with one ``send``. Message frames are written by the channel
+straight into the same buffer. Handlers raise ``ProtocolError``; ``_fail`` is the one boundary that turns an error
+into an error frame and, when it is fatal, closes the connection once the frame is flushed.
+
+Heartbeats: one timer per session fires every heartbeat interval; it drops the connection when nothing was read
+for two intervals (NSQ's read deadline) and otherwise sends ``_heartbeat_`` to every client, producers included.
+
+Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
+beyond NSQ here), leaves its channel, forgets the fd in the loop and closes the socket.
+"""
+import socket
+import time
+
+from nsqpy.protocol import commands as C
+from nsqpy.protocol.errors import AuthDisabled, Invalid, ProtocolError
+from nsqpy.protocol.frames import CLOSE_WAIT_FRAME, HEARTBEAT_FRAME, OK_FRAME, response_frame
+from nsqpy.protocol.identify import default_client_settings, negotiate_identify
+from nsqpy.protocol.states import STATE_INIT, STATE_SUBSCRIBED
+from nsqpy.protocol.v2_parser import V2Parser
+
+RECV_SIZE = 256 * 1024
+# A client that stops reading must not make the broker buffer without bound: past this many unsent bytes the
+# session stops reading commands (and so stops publishing) until the socket drains.
+MAX_WBUF = 4 * 1024 * 1024
+
+
+class Session:
+    def __init__(self, worker, sock, conn_id, remote, parser=None, settings=None, connect_ts=None):
+        self.worker = worker
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.conn_id = conn_id
+        self.remote = remote
+        self.parser = parser or V2Parser(worker.limits, stop_after_sub=True)
+        self.settings = settings or default_client_settings(worker.server_settings, remote[0])
+        self.connect_ts = connect_ts or int(time.time())
+        self.wbuf = bytearray()
+        self.closed = False
+        self.closing_after_flush = False
+        self.reading = True
+        self.channel = None
+        self.rdy = 0
+        self.in_flight = 0
+        self.message_count = 0
+        self.finish_count = 0
+        self.requeue_count = 0
+        self.pub_counts = {}
+        self.last_read = time.monotonic()
+        self._hb_timer = None
+        self._dispatch = {
+            C.Identify: self.on_identify, C.Auth: self.on_auth, C.Sub: self.on_sub, C.Pub: self.on_pub,
+            C.Mpub: self.on_mpub, C.Dpub: self.on_dpub, C.Rdy: self.on_rdy, C.Fin: self.on_fin,
+            C.FinBatch: self.on_fin_batch, C.Req: self.on_req, C.Touch: self.on_touch, C.Cls: self.on_cls,
+            C.Nop: self.on_nop,
+        }
+
+    @property
+    def state(self):
+        return self.parser.state
+
+    # ---- I/O -------------------------------------------------------------------------------------------
+    def start(self, pending=b""):
+        self.worker.loop.add_reader(self.fd, self.on_readable)
+        self._arm_heartbeat()
+        if pending:
+            self.handle_bytes(pending)
+
+    def on_readable(self):
+        try:
+            data = self.sock.recv(RECV_SIZE)
+        except (BlockingIOError, InterruptedError):
+            return
+        except OSError:
+            self.close()
+            return
+        if not data:
+            self.close()
+            return
+        self.last_read = time.monotonic()
+        self.handle_bytes(data)
+
+    def handle_bytes(self, data):
+        items = self.parser.feed(data)
+        while items:
+            for cmd in items:
+                if self.closed or self.closing_after_flush:
+                    return
+                if isinstance(cmd, ProtocolError):
+                    self._fail(cmd)
+                    return
+                try:
+                    if self._dispatch[type(cmd)](cmd) is MIGRATED:
+                        # the parser stops right after a SUB, so all not yet handled is still in its buffer
+                        self.worker.migrate(self, cmd, self.parser.take_buffer())
+                        return
+                except ProtocolError as err:
+                    self._fail(err)
+                    if err.fatal:
+                        return
+            # a SUB that kept the connection here: parse the rest of what was received
+            items = self.parser.feed(b"") if type(items[-1]) is C.Sub else None
+        if len(self.wbuf) > MAX_WBUF and self.reading:
+            self.reading = False
+            self.worker.loop.remove_reader(self.fd)
+
+    def write(self, data):
+        if not self.wbuf:
+            self.worker.dirty.append(self)
+        self.wbuf += data
+
+    def flush(self):
+        """Send what the socket takes now; returns True when everything went."""
+        if self.closed:
+            return True
+        if self.wbuf:
+            try:
+                sent = self.sock.send(self.wbuf)
+            except (BlockingIOError, InterruptedError):
+                sent = 0
+            except OSError:
+                self.close()
+                return True
+            del self.wbuf[:sent]
+        if self.wbuf:
+            self.worker.loop.add_writer(self.fd, self._on_writable)
+            return False
+        self.worker.loop.remove_writer(self.fd)
+        if self.closing_after_flush:
+            self.close()
+        elif not self.reading:
+            self.reading = True
+            self.worker.loop.add_reader(self.fd, self.on_readable)
+        return True
+
+    def _on_writable(self):
+        self.flush()
+
+    def _fail(self, err):
+        frame = err.frame()
+        if frame:
+            self.write(frame)
+        if err.fatal:
+            self.worker.log.debug(f"[{self.remote_text}] fatal error: {err}")
+            self.closing_after_flush = True
+            if not frame:
+                self.close()
+
+    @property
+    def remote_text(self):
+        return f"{self.remote[0]}:{self.remote[1]}"
+
+    # ---- heartbeats ------------------------------------------------------------------------------------
+    def _arm_heartbeat(self):
+        if self._hb_timer is not None:
+            self._hb_timer.cancel()
+            self._hb_timer = None
+        interval = self.settings.heartbeat_interval_ms / 1000.0
+        if interval > 0:
+            self._hb_timer = self.worker.loop.call_later(interval, self._on_heartbeat)
+
+    def _on_heartbeat(self):
+        self._hb_timer = None
+        if self.closed:
+            return
+        interval = self.settings.heartbeat_interval_ms / 1000.0
+        if time.monotonic() - self.last_read > 2 * interval:
+            self.worker.log.info(f"PROTOCOL(V2): [{self.remote_text}] read timeout; closing")
+            self.close()
+            return
+        self.write(HEARTBEAT_FRAME)
+        self._arm_heartbeat()
+
+    # ---- handlers (one per verb; the parser already checked state, params, names, sizes) ---------------
+    def on_identify(self, cmd):
+        self.settings, reply = negotiate_identify(cmd.body, self.worker.server_settings, self.settings)
+        self.write(response_frame(reply))
+        self._arm_heartbeat()
+
+    def on_auth(self, cmd):
+        raise AuthDisabled("AUTH disabled")
+
+    def on_sub(self, cmd):
+        if self.settings.heartbeats_disabled:
+            raise Invalid("cannot SUB with heartbeats disabled")
+        return self.worker.subscribe(self, cmd.topic, cmd.channel)
+
+    def on_pub(self, cmd):
+        self.worker.publish(self, cmd.topic, [cmd.body], 0, "PUB")
+
+    def on_mpub(self, cmd):
+        self.worker.publish_mpub(self, cmd)
+
+    def on_dpub(self, cmd):
+        self.worker.publish(self, cmd.topic, [cmd.body], cmd.defer_ms, "DPUB")
+
+    def count_pub(self, topic, n):
+        self.pub_counts[topic] = self.pub_counts.get(topic, 0) + n
+        self.write(OK_FRAME)
+
+    def on_rdy(self, cmd):
+        self.rdy = cmd.count
+        if self.channel is not None and self.ready_for_more():
+            self.channel.wants_delivery()
+
+    def ready_for_more(self):
+        return self.in_flight < self.rdy and self.state == STATE_SUBSCRIBED and not self.closing_after_flush
+
+    def on_fin(self, cmd):
+        self.channel.finish_one(self, cmd.msg_id)
+
+    def on_fin_batch(self, cmd):
+        self.channel.finish_batch(self, cmd)
+
+    def on_req(self, cmd):
+        self.channel.requeue(self, cmd.msg_id, cmd.timeout_ms)
+
+    def on_touch(self, cmd):
+        self.channel.touch(self, cmd.msg_id)
+
+    def on_cls(self, cmd):
+        self.rdy = 0
+        self.write(CLOSE_WAIT_FRAME)
+
+    def on_nop(self, cmd):
+        pass
+
+    # ---- teardown --------------------------------------------------------------------------------------
+    def detach(self):
+        """Stop serving this connection without closing the socket (it is being handed to another worker)."""
+        self.closed = True
+        if self._hb_timer is not None:
+            self._hb_timer.cancel()
+        self.worker.loop.forget(self.fd)
+        self.worker.forget_session(self)
+
+    def close(self):
+        if self.closed:
+            return
+        self.closed = True
+        if self._hb_timer is not None:
+            self._hb_timer.cancel()
+        if self.channel is not None:
+            self.channel.remove_consumer(self)
+        self.worker.loop.forget(self.fd)
+        self.worker.forget_session(self)
+        try:
+            self.sock.close()
+        except OSError:
+            pass
+
+
+MIGRATED = object()  # returned by a SUB handler when the connection moved to the topic's owner
+

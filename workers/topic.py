@@ -1,0 +1,127 @@
+"""A topic, inside its owner worker: its message log, its ID generator and its channels.
+
+Theory of operation: the owner is the only process that appends to the topic's log (``ipc.msglog``), so message
+IDs are generated here, once, and every channel sees the same ID for a message. The log's control block lives
+in a shared-memory segment named from the broker instance and a hash of the topic name, so a restarted owner
+finds it again; its segments live in shared memory up to the memory budget and spill to files under the data
+path beyond it (none for ``#ephemeral`` topics, which drop what does not fit, as NSQ does).
+
+Memory budget: NSQ counts ``--mem-queue-size`` in messages; the log counts bytes, so the budget is
+``mem-queue-size x MEM_BYTES_PER_MESSAGE`` rounded up to whole segments (at least one segment).
+"""
+import hashlib
+import time
+
+import numpy as np
+
+from ipc.filesegment import FileSegmentProvider
+from ipc.msglog import LogFull, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from ipc.shm import Segment, SegmentError, segment_name
+from nsqpy.protocol.ids import IdGenerator
+from workers.channel import Channel
+
+SEGMENT_SIZE = 8 << 20
+MEM_BYTES_PER_MESSAGE = 1024
+DISK_BYTES = 64 << 30
+
+
+def name_hash(name):
+    return int.from_bytes(hashlib.blake2b(name.encode(), digest_size=7).digest(), "big")
+
+
+class Topic:
+    def __init__(self, worker, name, index, restarted=False):
+        self.worker = worker
+        self.name = name
+        self.index = index
+        self.ephemeral = name.endswith("#ephemeral")
+        self.paused = False
+        self.channels = {}
+        self.message_count = 0
+        self.message_bytes = 0
+        self.ids = IdGenerator(worker.opts.node_id)
+        self.deleted = False
+        self._open_log(restarted)
+
+    # ---- the log ---------------------------------------------------------------------------------------
+    def _open_log(self, restarted):
+        opts = self.worker.opts
+        h = name_hash(self.name)
+        base = segment_name(self.worker.data_path, opts.node_id, "log", h)
+        self.memory = ShmSegmentProvider(base)
+        self.disk = None if self.ephemeral else FileSegmentProvider(self.worker.data_path, f"nsqpy-{h:x}")
+        mem_bytes = max(SEGMENT_SIZE, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // SEGMENT_SIZE)
+                        * SEGMENT_SIZE)
+        disk_bytes = 0 if self.ephemeral else DISK_BYTES
+        ctrl_name = segment_name(self.worker.data_path, opts.node_id, "topic", h)
+        if restarted:
+            try:
+                self.ctrl = Segment.attach(ctrl_name)
+                self.log = MessageLog.attach(self.ctrl.buf, 0, self.memory, self.disk)
+                self.log.recover()
+                self.ctrl.adopt()
+                return
+            except (SegmentError, FileNotFoundError, OSError):
+                pass
+        size = log_ctrl_nbytes(SEGMENT_SIZE, mem_bytes, disk_bytes)
+        self.ctrl = Segment.create(ctrl_name, size)
+        self.log = MessageLog.create(self.ctrl.buf, 0, segment_size=SEGMENT_SIZE, mem_bytes=mem_bytes,
+                                     memory=self.memory, disk_bytes=disk_bytes, disk=self.disk)
+
+    def append(self, src, offsets, lengths, timestamps, defer_ms=0):
+        """Append n messages (all or nothing). Returns False when the log is full and nothing was appended."""
+        n = len(lengths)
+        ids = self.ids.next_ids(n, time.time_ns()).view(np.int64)
+        not_before = None
+        if defer_ms:
+            not_before = np.full(n, time.time_ns() + defer_ms * 1_000_000, np.int64)
+        try:
+            self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before)
+        except LogFull:
+            self.worker.refresh_low_water(self)
+            try:
+                self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before)
+            except LogFull:
+                if self.ephemeral:
+                    return True  # NSQ drops what an ephemeral topic cannot hold
+                return False
+        self.message_count += n
+        self.message_bytes += int(lengths.sum())
+        for ch in self.channels.values():
+            if ch.consumers:
+                self.worker.pending.add(ch)
+        return True
+
+    # ---- channels --------------------------------------------------------------------------------------
+    def get_channel(self, name):
+        ch = self.channels.get(name)
+        if ch is None:
+            ch = Channel(self, name, self.log.open_channel(), self.worker.next_channel_key())
+            self.channels[name] = ch
+            self.worker.channels_by_key[ch.key] = ch
+            self.worker.save_meta()
+        return ch
+
+    def delete_channel(self, name):
+        ch = self.channels.pop(name, None)
+        if ch is None:
+            return
+        ch.deleted = True
+        self.worker.channels_by_key.pop(ch.key, None)
+        ch.drop_all()
+        for s in list(ch.consumers):
+            s.channel = None
+            s.close()
+        self.log.close_channel(ch.ch)
+        self.worker.save_meta()
+        if self.ephemeral and not self.channels:
+            self.worker.delete_topic(self.name)
+
+    def destroy(self):
+        """Delete the topic: channels, log segments and the control segment."""
+        self.deleted = True
+        for name in list(self.channels):
+            self.delete_channel(name)
+        self.log.destroy()
+        self.ctrl.close()
+        self.ctrl.unlink()

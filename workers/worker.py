@@ -1,0 +1,455 @@
+"""A worker process: serves the V2 sessions handed to it and owns the topics that hash to it.
+
+Theory of operation (see ARCHITECTURE.md for the whole broker):
+* Connections arrive on the worker's hand-over channel (from the acceptor, or from another worker at SUB).
+* PUB/MPUB/DPUB for a topic this worker owns are appended to the topic's log; for any other topic they are
+  written into the ring towards the owner, and either way ``OK`` goes out only once the messages are committed in
+  shared memory.
+* SUB for a topic owned elsewhere hands the connection over to the owner (``migrate``); otherwise the session
+  joins the channel here, so a channel's consumers, in-flight slots and cursor all live in one process.
+* Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries),
+  deliver to channels that have both messages and ready consumers, then flush every session that has output.
+
+Restart: a worker forked again after a crash (``restarted``) reads its topic directory, re-attaches and recovers
+each topic's log, recovers its in-flight table and requeues everything that was in flight at the dead process's
+connections (their clients are gone), then tells the scanner to reset its heap and re-posts the deferred timers.
+"""
+import json
+import signal
+import socket
+import time
+import zlib
+
+import numpy as np
+
+from ipc import inflight as IF
+from ipc.fdpass import PeerGone
+from ipc.msglog import NO_LOW_WATER
+from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed, SubFailed
+from nsqpy.protocol.frames import OK_FRAME
+from nsqpy.protocol.identify import ServerSettings
+from nsqpy.protocol.states import STATE_SUBSCRIBED
+from nsqpy.protocol.v2_parser import Limits, V2Parser
+from workers import links
+from workers import kernels as K
+from workers.loop import Loop
+from workers.scanner import EXPIRED, REMOVE, RESET, START
+from workers.session import MIGRATED, Session
+from workers.topic import Topic
+
+NEW_CONNECTION, MOVED_SUBSCRIBER = 1, 2
+FORWARD = 1
+_FWD_HEAD = np.dtype([("n", "<i8"), ("ts", "<i8"), ("defer_ms", "<i8"), ("topic_len", "<i8")])
+FRAME_SCRATCH = 8 << 20
+
+
+def owner_of(topic, workers):
+    return zlib.crc32(topic.encode()) % workers
+
+
+def server_settings(opts):
+    ms = 1_000_000
+    return ServerSettings(
+        max_heartbeat_interval_ms=opts.max_heartbeat_interval // ms,
+        max_output_buffer_size=opts.max_output_buffer_size,
+        min_output_buffer_timeout_ms=opts.min_output_buffer_timeout // ms,
+        max_output_buffer_timeout_ms=opts.max_output_buffer_timeout // ms,
+        output_buffer_timeout_ms=opts.output_buffer_timeout // ms,
+        max_msg_timeout_ms=opts.max_msg_timeout // ms,
+        msg_timeout_ms=opts.msg_timeout // ms,
+        max_rdy_count=opts.max_rdy_count,
+        tls_available=False, snappy_enabled=False, deflate_enabled=False,
+        max_deflate_level=opts.max_deflate_level, auth_required=False)
+
+
+class Worker:
+    def __init__(self, plan, index, restarted, log):
+        self.plan = plan
+        self.opts = plan.opts
+        self.index = index
+        self.log = log
+        self.data_path = plan.data_path
+        self.loop = Loop(log)
+        lim = self.opts.limits()
+        self.limits = Limits(lim.max_msg_size, lim.max_body_size, lim.max_rdy_count, lim.max_req_timeout_ms)
+        self.server_settings = server_settings(self.opts)
+        self.inflight = plan.inflight[index]
+        self.directory = plan.meta[index]
+        self.control = plan.control
+        self.links = plan.link_set
+        self.inbox = plan.inboxes[index][0]
+        self.sessions = {}
+        self.topics = {}
+        self.topics_by_index = {}
+        self.channels_by_key = {}
+        self.dirty = []
+        self.pending = set()
+        self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
+        self._topic_seq = 0
+        self._channel_seq = 0
+        self._scratch = np.empty(FRAME_SCRATCH, np.uint8)
+        self._scanner_epoch = self.control.scanner_epoch()
+        self.pub_in = [self.links.pub(j, index) for j in range(plan.workers) if j != index]
+        self.pub_out = {j: self.links.pub(index, j) for j in range(plan.workers) if j != index}
+        self.to_scanner = self.links.to_scanner(index)
+        self.from_scanner = self.links.from_scanner(index)
+        for link in self.pub_in + [self.from_scanner]:
+            self.links.recover_reader(link)
+        for link in list(self.pub_out.values()) + [self.to_scanner]:
+            self.links.recover_writer(link)
+        self._stopping = False
+        if restarted:
+            self._recover()
+        else:
+            self.save_meta()
+
+    # ---- plumbing --------------------------------------------------------------------------------------
+    def run(self, ready_fd):
+        signal.signal(signal.SIGTERM, lambda *a: self.loop.call_later(0, self.stop))
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.loop.add_reader(self.inbox.fileno(), self._on_handoff)
+        self.loop.add_reader(self.links.eventfd(self.index), self._on_wake)
+        self.loop.add_idle(self._idle)
+        self.loop.call_later(0.1, self._periodic)
+        import os
+        os.write(ready_fd, b"w")
+        self.loop.run()
+
+    def stop(self):
+        if self._stopping:
+            return
+        self._stopping = True
+        for s in list(self.sessions.values()):
+            s.flush()
+            s.close()
+        self._idle()
+        for t in list(self.topics.values()):
+            t.destroy()
+        self.loop.stop()
+
+    def _on_wake(self):
+        self.links.clear_wake(self.index)
+
+    def _periodic(self):
+        for t in self.topics.values():
+            self.refresh_low_water(t)
+        self.loop.call_later(0.1, self._periodic)
+
+    def _on_handoff(self):
+        while True:
+            try:
+                msg = self.inbox.try_recv()
+            except PeerGone:
+                self.loop.remove_reader(self.inbox.fileno())
+                return
+            except Exception as e:  # a malformed hand-over: its fds were closed, carry on
+                self.log.error(f"bad hand-over: {e}")
+                continue
+            if msg is None:
+                return
+            sock = socket.socket(fileno=msg.fd)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                remote = sock.getpeername()[:2]
+            except OSError:
+                sock.close()
+                continue
+            if msg.kind == NEW_CONNECTION:
+                self._new_session(sock, remote, msg.blob)
+            else:
+                self._moved_session(sock, remote, msg.blob)
+
+    def _next_conn(self):
+        self._conn_seq += 1
+        return self._conn_seq
+
+    def _new_session(self, sock, remote, first_bytes=b""):
+        s = Session(self, sock, self._next_conn(), remote)
+        self.sessions[s.conn_id] = s
+        self.control.add_connections(self.index, 1)
+        self.log.info(f"TCP: new client({remote[0]}:{remote[1]})")
+        s.start(first_bytes)
+
+    # ---- publishing ------------------------------------------------------------------------------------
+    def publish(self, s, topic, bodies, defer_ms, verb):
+        body = bodies[0]
+        src = np.frombuffer(body, np.uint8)
+        self._publish(s, topic, src, np.zeros(1, np.int64), np.array([len(body)], np.int64), defer_ms,
+                      DpubFailed if verb == "DPUB" else PubFailed, verb)
+
+    def publish_mpub(self, s, cmd):
+        self._publish(s, cmd.topic, np.frombuffer(cmd.buffer, np.uint8), cmd.offsets, cmd.lengths, 0, MpubFailed,
+                      "MPUB")
+
+    def _publish(self, s, topic, src, offsets, lengths, defer_ms, error, verb):
+        n = len(lengths)
+        now = time.time_ns()
+        owner = owner_of(topic, self.plan.workers)
+        if owner == self.index:
+            ok = self.get_topic(topic).append(src, offsets, lengths, np.full(n, now, np.int64), defer_ms)
+            if not ok:
+                raise error(f"{verb} failed topic {topic} is full")
+        else:
+            self._forward(owner, topic, src, offsets, lengths, now, defer_ms)
+        s.count_pub(topic, n)
+
+    def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
+        head = np.zeros(1, _FWD_HEAD)
+        name = topic.encode()
+        head[0] = (len(lengths), now, defer_ms, len(name))
+        if len(lengths) == 1:
+            o = int(offsets[0])
+            bodies = src[o:o + int(lengths[0])].tobytes()
+        else:
+            bodies = b"".join(src[o:o + n].tobytes() for o, n in zip(offsets.tolist(), lengths.tolist()))
+        payload = b"".join((head.tobytes(), name, lengths.astype("<i8").tobytes(), bodies))
+        ring = self.pub_out[owner]
+        while not ring.send(FORWARD, payload):
+            # the owner is behind: keep draining what others forward to us (so two full rings cannot
+            # deadlock), nudge the owner, and wait for room
+            self._drain_pub_rings()
+            self.links.wake(owner)
+            ring.wait_for_room(len(payload), 0.001)
+        self.links.wake(owner)
+
+    def _on_forwarded(self, rtype, payload):
+        head = np.frombuffer(payload, _FWD_HEAD, 1)[0]
+        n, ts, defer_ms, tl = int(head["n"]), int(head["ts"]), int(head["defer_ms"]), int(head["topic_len"])
+        p = _FWD_HEAD.itemsize
+        topic = bytes(payload[p:p + tl]).decode()
+        p += tl
+        lengths = np.frombuffer(payload, "<i8", n, p).astype(np.int64)
+        p += 8 * n
+        offsets = np.empty(n, np.int64)
+        offsets[0] = p
+        if n > 1:
+            np.cumsum(lengths[:-1], out=offsets[1:])
+            offsets[1:] += p
+        src = np.frombuffer(payload, np.uint8)
+        return self.get_topic(topic).append(src, offsets, lengths, np.full(n, ts, np.int64), defer_ms)
+
+    def _drain_pub_rings(self):
+        return sum(r.drain(self._on_forwarded) for r in self.pub_in)
+
+    # ---- topics and channels ---------------------------------------------------------------------------
+    def get_topic(self, name, restarted=False):
+        t = self.topics.get(name)
+        if t is None:
+            self._topic_seq += 1
+            t = Topic(self, name, self._topic_seq, restarted)
+            self.topics[name] = t
+            self.topics_by_index[t.index] = t
+            self.save_meta()
+            self.log.info(f"TOPIC({name}): created")
+        return t
+
+    def delete_topic(self, name):
+        t = self.topics.pop(name, None)
+        if t is not None:
+            self.topics_by_index.pop(t.index, None)
+            t.destroy()
+            self.save_meta()
+            self.log.info(f"TOPIC({name}): deleted")
+
+    def next_channel_key(self):
+        self._channel_seq += 1
+        return self._channel_seq
+
+    def subscribe(self, s, topic, channel):
+        if owner_of(topic, self.plan.workers) != self.index:
+            return MIGRATED
+        ch = self.get_topic(topic).get_channel(channel)
+        limit = self.opts.max_channel_consumers
+        if limit and len(ch.consumers) >= limit:
+            raise SubFailed(f"SUB failed consumers for {topic}:{channel} exceeds limit of {limit}")
+        ch.add_consumer(s)
+        s.write(OK_FRAME)
+        return None
+
+    def migrate(self, s, sub, rest):
+        """Hand a connection that just sent SUB to the topic's owner, with its state and unparsed bytes."""
+        owner = owner_of(sub.topic, self.plan.workers)
+        s.flush()
+        state = {
+            "settings": {f: getattr(s.settings, f) for f in s.settings.__dataclass_fields__},
+            "connect_ts": s.connect_ts, "topic": sub.topic, "channel": sub.channel,
+            "unsent": bytes(s.wbuf).hex(), "rest": rest.hex(), "pub_counts": s.pub_counts,
+        }
+        blob = json.dumps(state).encode()
+        try:
+            self.plan.inboxes[owner][1].send(MOVED_SUBSCRIBER, s.conn_id, blob, s.fd, timeout=5)
+        except Exception as e:
+            self.log.error(f"could not hand {s.remote_text} to worker {owner}: {e}")
+            s.close()
+            return
+        s.detach()
+        s.sock.close()
+        self.log.debug(f"worker {self.index}: handed {s.remote_text} to worker {owner} for {sub.topic}")
+
+    def _moved_session(self, sock, remote, blob):
+        from nsqpy.protocol.identify import ClientSettings
+        state = json.loads(blob)
+        self.log.debug(f"worker {self.index}: took over {remote} for {state['topic']}")
+        settings = ClientSettings(**state["settings"])
+        parser = V2Parser(self.limits, expect_magic=False, state=STATE_SUBSCRIBED, stop_after_sub=True)
+        s = Session(self, sock, self._next_conn(), remote, parser, settings, state["connect_ts"])
+        s.pub_counts = state["pub_counts"]
+        self.sessions[s.conn_id] = s
+        self.control.add_connections(self.index, 1)
+        unsent = bytes.fromhex(state["unsent"])
+        if unsent:
+            s.write(unsent)
+        s.start()
+        from nsqpy.protocol.errors import ProtocolError
+        try:
+            self.subscribe(s, state["topic"], state["channel"])
+        except ProtocolError as err:
+            s._fail(err)
+            return
+        rest = bytes.fromhex(state["rest"])
+        if rest:
+            s.handle_bytes(rest)
+
+    def forget_session(self, s):
+        if self.sessions.pop(s.conn_id, None) is not None:
+            self.control.add_connections(self.index, -1)
+
+    # ---- delivery and flushing -------------------------------------------------------------------------
+    def write_frames(self, s, log, positions, attempts):
+        end = log.write_frames(self._scratch, 0, positions, attempts)
+        s.write(memoryview(self._scratch)[:end])
+
+    def _inputs_empty(self):
+        return self.from_scanner.empty() and all(r.empty() for r in self.pub_in)
+
+    def _idle(self):
+        self.links.awake(self.index)
+        more = False
+        if self._drain_pub_rings():
+            more = True
+        if self.from_scanner.drain(self._on_scanner):
+            more = True
+        epoch = self.control.scanner_epoch()
+        if epoch != self._scanner_epoch:
+            self._scanner_epoch = epoch
+            self.resync_scanner()
+        if self.pending:
+            pending, self.pending = self.pending, set()
+            for ch in pending:
+                if ch.deliver():
+                    self.pending.add(ch)
+                    more = True
+        if self.dirty:
+            dirty, self.dirty = self.dirty, []
+            for s in dirty:
+                s.flush()
+        if more or self.pending:
+            return True
+        return not self.links.prepare_sleep(self.index, self._inputs_empty)
+
+    # ---- scanner ---------------------------------------------------------------------------------------
+    def _send_scanner(self, rtype, payload):
+        while not self.to_scanner.send(rtype, payload):
+            self.links.wake(self.links.SCANNER)
+            self.to_scanner.wait_for_room(len(payload), 0.001)
+        self.links.wake(self.links.SCANNER)
+
+    def scanner_start(self, slots, key):
+        n = len(slots)
+        recs = np.empty((n, 3), np.int64)
+        recs[:, 0] = slots
+        recs[:, 1] = K.generations(self.inflight, slots)[0]
+        recs[:, 2] = key
+        self._send_scanner(START, recs.tobytes())
+
+    def scanner_start_one(self, slot, key):
+        self._send_scanner(START, np.array([slot, self.inflight.generation(slot), key], np.int64).tobytes())
+
+    def scanner_remove(self, slots):
+        if len(slots):
+            self._send_scanner(REMOVE, np.ascontiguousarray(slots, np.int64).tobytes())
+
+    def _on_scanner(self, rtype, payload):
+        if rtype != EXPIRED:
+            return True
+        recs = np.frombuffer(payload, np.int64).reshape(-1, 2)
+        table = self.inflight
+        for slot, gen in recs.tolist():
+            if table.generation(slot) != gen:
+                continue  # finished, touched or requeued since: the timer was stale
+            info = table.slot(slot)
+            ch = self.channels_by_key.get(info.channel)
+            if ch is None:
+                table.release(slot)
+                continue
+            ch.on_expired(slot, info, self.sessions.get(info.conn))
+        return True
+
+    def resync_scanner(self):
+        """The scanner restarted with empty heaps: post every timer this worker holds."""
+        self._send_scanner(RESET, b"")
+        for slot in self.inflight.recover().tolist():
+            info = self.inflight.slot(slot)
+            if info.state in (IF.IN_FLIGHT, IF.DEFERRED):
+                self.scanner_start_one(slot, info.deadline_ns)
+
+    def slots_of_channel(self, key):
+        out = np.empty(self.inflight.capacity, np.int64)
+        n = K.slots_of_channel(self.inflight.slots, key, out)
+        return out[:n].tolist()
+
+    def refresh_low_water(self, topic):
+        """Tell the topic's log the oldest position each channel still holds, so it can reclaim behind it."""
+        lows = np.full(self._channel_seq + 1, NO_LOW_WATER, np.int64)
+        if len(self.inflight):
+            K.low_water(self.inflight.slots, topic.index, lows)
+        for ch in topic.channels.values():
+            topic.log.set_low_water(ch.ch, int(lows[ch.key]))
+        topic.log.reclaim()
+
+    # ---- the topic directory and recovery --------------------------------------------------------------
+    def save_meta(self):
+        doc = {"topics": [
+            {"name": t.name, "index": t.index, "paused": t.paused,
+             "channels": [{"name": c.name, "ch": c.ch, "key": c.key, "paused": c.paused}
+                          for c in t.channels.values()]}
+            for t in self.topics.values()],
+            "topic_seq": self._topic_seq, "channel_seq": self._channel_seq}
+        self.directory.write(doc)
+
+    def _recover(self):
+        from workers.channel import Channel
+        doc = self.directory.read() or {"topics": []}
+        self._topic_seq = doc.get("topic_seq", 0)
+        self._channel_seq = doc.get("channel_seq", 0)
+        for td in doc["topics"]:
+            t = Topic.__new__(Topic)
+            Topic.__init__(t, self, td["name"], td["index"], restarted=True)
+            t.paused = td["paused"]
+            self.topics[t.name] = t
+            self.topics_by_index[t.index] = t
+            for cd in td["channels"]:
+                ch = Channel(t, cd["name"], cd["ch"], cd["key"])
+                ch.paused = cd["paused"]
+                t.channels[ch.name] = ch
+                self.channels_by_key[ch.key] = ch
+        table = self.inflight
+        self._send_scanner(RESET, b"")
+        for slot in table.recover().tolist():
+            info = table.slot(slot)
+            ch = self.channels_by_key.get(info.channel)
+            if ch is None:
+                table.release(slot)
+            elif info.state == IF.DEFERRED:
+                self.scanner_start_one(slot, info.deadline_ns)
+            else:
+                if info.state == IF.IN_FLIGHT:
+                    table.requeue(slot, 0)
+                ch.requeued.append(slot)
+        self.log.info(f"worker {self.index}: recovered {len(self.topics)} topics after a restart")
+        self.control.set_connections(self.index, 0)
+
+
+def worker_main(plan, index, restarted, ready_fd, log):
+    Worker(plan, index, restarted, log).run(ready_fd)
