@@ -1,0 +1,165 @@
+"""File-backed segments: the disk tier of the message log (spill), with the same duck type as ``ipc.shm.Segment``.
+
+Theory of operation
+-------------------
+A file segment is a regular file ``[header page][payload]`` mapped shared, so every process that maps it sees
+the same bytes through the page cache, exactly as with a /dev/shm segment; only the backing store differs. The
+header is the common layout header (``ipc.layout``: magic 'NSQPYFSG', layout version, payload size, tag, tag
+version), written with the magic last, so a file cut short by a crash during creation is refused on attach
+rather than read as a segment. Creation is O_CREAT|O_EXCL plus ``posix_fallocate``: a full disk fails at creation
+with ``SegmentError``, never later as SIGBUS in whichever process touches an unbacked page.
+
+Durability: pages reach the disk when the kernel writes them back (or on ``flush()``); a segment survives the
+death of every process, not a power cut, unless flushed. Nothing here registers with a resource tracker.
+
+``FileSegmentProvider`` hands numbered segments of one log to ``ipc.msglog.MessageLog`` as file descriptors whose
+payload starts at ``payload_offset`` (the log maps them into its own window).
+"""
+from __future__ import annotations
+
+import errno
+import mmap
+import os
+
+import numpy as np
+
+from ipc.layout import HEADER_WORDS, LayoutError, align_up, check_header, magic, stamp_header, words
+from ipc.shm import SegmentError
+
+__all__ = ["FileSegment", "FileSegmentProvider", "PAYLOAD_OFFSET"]
+
+FILE_MAGIC = magic("NSQPYFSG")
+FILE_VERSION = 1
+PAYLOAD_OFFSET = mmap.PAGESIZE
+
+
+def _reserve(fd: int, total: int, path: str) -> None:
+    try:
+        os.ftruncate(fd, total)
+        os.posix_fallocate(fd, 0, total)
+    except OSError as exc:
+        raise SegmentError(exc.errno, f"cannot reserve {total} bytes for {path}: {os.strerror(exc.errno)} "
+                                      f"(is the disk full?)") from exc
+
+
+class FileSegment:
+    """One mapped file segment; ``buf`` is a writable uint8 numpy array of the payload, ``size`` its length."""
+
+    def __init__(self, path: str, mapping: mmap.mmap):
+        self.path = path
+        self.name = path
+        self._map = mapping
+        self._header = words(mapping, 0, HEADER_WORDS, f"file segment {path}")
+        self.size = int(self._header[2])
+        self.buf = np.frombuffer(mapping, dtype=np.uint8, count=self.size, offset=PAYLOAD_OFFSET)
+
+    @classmethod
+    def create(cls, path: str, size: int, tag: int = 0, tag_version: int = 0) -> "FileSegment":
+        """Create, reserve and stamp a new file of ``size`` payload bytes; fails if the path exists."""
+        if size <= 0:
+            raise ValueError("segment size must be positive")
+        total = PAYLOAD_OFFSET + align_up(size, mmap.PAGESIZE)
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | os.O_EXCL | os.O_CLOEXEC, 0o600)
+        except FileExistsError as exc:
+            raise SegmentError(errno.EEXIST, f"file segment {path} already exists") from exc
+        try:
+            _reserve(fd, total, path)
+            mapping = mmap.mmap(fd, total)
+        except BaseException:
+            os.unlink(path)
+            raise
+        finally:
+            os.close(fd)
+        stamp_header(words(mapping, 0, HEADER_WORDS), FILE_MAGIC, FILE_VERSION, size, (tag, tag_version))
+        return cls(path, mapping)
+
+    @classmethod
+    def attach(cls, path: str, size: int | None = None, tag: int | None = None,
+               tag_version: int | None = None) -> "FileSegment":
+        """Map an existing file segment, checking magic, layout version and (when given) size and tag."""
+        try:
+            fd = os.open(path, os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise SegmentError(errno.ENOENT, f"no file segment {path}") from exc
+        try:
+            length = os.fstat(fd).st_size
+            if length < PAYLOAD_OFFSET:
+                raise LayoutError(f"file segment {path}: {length} bytes is too small to hold a header")
+            mapping = mmap.mmap(fd, length)
+        finally:
+            os.close(fd)
+        hdr = words(mapping, 0, HEADER_WORDS)
+        try:
+            found = check_header(hdr, FILE_MAGIC, FILE_VERSION, size, (tag, tag_version),
+                                 what=f"file segment {path}")
+            if PAYLOAD_OFFSET + found[0] > length:
+                raise LayoutError(f"file segment {path}: header claims {found[0]} payload bytes, file has "
+                                  f"{length - PAYLOAD_OFFSET}")
+        except LayoutError:
+            del hdr
+            mapping.close()
+            raise
+        return cls(path, mapping)
+
+    @property
+    def tag(self) -> tuple[int, int]:
+        return int(self._header[3]), int(self._header[4])
+
+    def flush(self) -> None:
+        """Write dirty pages to the disk (msync)."""
+        self._map.flush()
+
+    def close(self) -> None:
+        """Unmap (deferred to the garbage collector while numpy views of ``buf`` are alive); idempotent."""
+        if self._map is None:
+            return
+        self.buf = self._header = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass
+        self._map = None
+
+    def unlink(self) -> None:
+        try:
+            os.unlink(self.path)
+        except FileNotFoundError:
+            pass
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+class FileSegmentProvider:
+    """Segments ``<directory>/<prefix>.<k>.seg`` of one message log (the disk tier)."""
+
+    tier_name = "disk"
+    payload_offset = PAYLOAD_OFFSET
+
+    def __init__(self, directory: str, prefix: str):
+        if "/" in prefix or not prefix:
+            raise ValueError(f"bad segment file prefix {prefix!r}")
+        self.directory = directory
+        self.prefix = prefix
+
+    def name(self, k: int) -> str:
+        return os.path.join(self.directory, f"{self.prefix}.{k:012d}.seg")
+
+    def create(self, k: int, size: int, tag: int, tag_version: int) -> int:
+        """A new zero-filled segment k; returns an fd (the caller closes it) whose payload is at payload_offset."""
+        FileSegment.create(self.name(k), size, tag, tag_version).close()
+        return os.open(self.name(k), os.O_RDWR | os.O_CLOEXEC)
+
+    def open(self, k: int, size: int, tag: int, tag_version: int) -> int:
+        FileSegment.attach(self.name(k), size, tag, tag_version).close()
+        return os.open(self.name(k), os.O_RDWR | os.O_CLOEXEC)
+
+    def unlink(self, k: int) -> None:
+        try:
+            os.unlink(self.name(k))
+        except FileNotFoundError:
+            pass

@@ -1,0 +1,90 @@
+"""The message log's segment window: one reserved address range into which segments are mapped at fixed slots.
+
+Theory of operation
+-------------------
+Kernels want one array, the log wants many segments (created, spilled to disk and released one at a time). So each
+process reserves W * segment_size bytes of address space once (PROT_NONE, MAP_NORESERVE: no memory, no swap is
+committed), and maps segment k over slot ``k % W`` with MAP_FIXED|MAP_SHARED from the segment's fd (a /dev/shm
+object or a file: the kernels cannot tell). Releasing a slot maps fresh PROT_NONE over it, so the range stays
+reserved and nothing else of the process is ever placed inside it. The numpy views (``data``, ``data64``) span the
+whole range and never move; touching an unmapped slot is a SIGSEGV, i.e. a kernel bug, never silent corruption.
+
+Python's ``mmap`` module cannot map at a fixed address, hence libc ``mmap`` through ctypes; that is the only use of
+ctypes in the log and it runs only when a segment is created, attached or released.
+
+Resource handling: ``close()`` unmaps the whole range; the views must not be used after it (the owning
+``MessageLog`` drops them first). A forked child inherits the range and its mappings as they were at fork.
+"""
+from __future__ import annotations
+
+import ctypes
+import mmap
+import os
+
+import numpy as np
+
+__all__ = ["SegmentWindow"]
+
+_libc = ctypes.CDLL(None, use_errno=True)
+_libc.mmap.restype = ctypes.c_void_p
+_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
+_libc.munmap.restype = ctypes.c_int
+_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_MAP_FAILED = ctypes.c_void_p(-1).value
+_PROT_NONE = 0
+_MAP_FIXED = 0x10
+_MAP_NORESERVE = 0x4000
+_RESERVE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
+
+
+def _mmap(addr, length, prot, flags, fd, offset):
+    got = _libc.mmap(addr, length, prot, flags, fd, offset)
+    if got is None or got == _MAP_FAILED:
+        err = ctypes.get_errno()
+        raise OSError(err, f"mmap of {length} bytes failed: {os.strerror(err)}")
+    return got
+
+
+class _ArrayAt:
+    """Exposes raw memory to numpy via the array interface (no copy, no ownership)."""
+
+    def __init__(self, addr: int, nbytes: int):
+        self.__array_interface__ = {"data": (addr, False), "shape": (nbytes,), "typestr": "|u1", "version": 3}
+
+
+class SegmentWindow:
+    """W slots of ``segment_size`` bytes at one fixed address range of this process."""
+
+    def __init__(self, slots: int, segment_size: int):
+        self.slots = slots
+        self.segment_size = segment_size
+        self.nbytes = slots * segment_size
+        self._base = _mmap(None, self.nbytes, _PROT_NONE, _RESERVE, -1, 0)
+        self.data = np.asarray(_ArrayAt(self._base, self.nbytes))
+        self.data64 = self.data.view(np.int64)
+        self.mapped = [-1] * slots  # segment number mapped at each slot by this process, -1 for none
+
+    def _slot_addr(self, slot: int) -> int:
+        return self._base + slot * self.segment_size
+
+    def map(self, k: int, fd: int, offset: int) -> None:
+        """Map segment k (bytes [offset, offset + segment_size) of fd) at its slot."""
+        slot = k % self.slots
+        _mmap(self._slot_addr(slot), self.segment_size, mmap.PROT_READ | mmap.PROT_WRITE,
+              mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
+        self.mapped[slot] = k
+
+    def unmap(self, k: int) -> None:
+        """Release segment k's slot (keeps the address range reserved)."""
+        slot = k % self.slots
+        if self.mapped[slot] != k:
+            return
+        _mmap(self._slot_addr(slot), self.segment_size, _PROT_NONE, _RESERVE | _MAP_FIXED, -1, 0)
+        self.mapped[slot] = -1
+
+    def close(self) -> None:
+        if self._base is None:
+            return
+        self.data = self.data64 = None
+        _libc.munmap(self._base, self.nbytes)
+        self._base = None

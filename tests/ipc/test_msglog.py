@@ -1,0 +1,279 @@
+"""MessageLog against a pure-Python model of the log (positions, tiers, channels, reclaim, FULL), plus focused
+tests of framing, torn appends and the layout checks."""
+import itertools
+import mmap
+import os
+import struct
+
+import numpy as np
+import pytest
+from hypothesis import HealthCheck, event, given, settings, strategies as st
+
+from ipc.filesegment import FileSegment, FileSegmentProvider
+from ipc.layout import LayoutError
+from ipc.msglog import (LogError, LogFull, MessageLog, NO_LOW_WATER, ShmSegmentProvider, log_ctrl_nbytes)
+from ipc.msglog_layout import F_PARKED, F_PRIVATE, FRAME_OVERHEAD, HDR, record_size
+
+S = 4096
+MEM, DISK, CHANNELS = 1, 3, 3  # one memory segment: the second one spills
+_examples = itertools.count()
+
+
+class Full(Exception):
+    pass
+
+
+class Model:
+    """What the log should hold: records by position (PAD records are implicit), segments by tier, channels."""
+
+    def __init__(self, disk_segments):
+        self.disk = disk_segments
+        self.recs = {}  # pos -> (flags, body, id, ts, not_before, channel, attempts)
+        self.order = []  # retained positions, ascending
+        self.head = self.tail = self.backlog = 0
+        self.segs = {0: 0}
+        self.chans = {}  # ch -> [cursor, low_water]
+        self.spilled = False
+        self.freed = 0
+
+    # placement and segments, as the theory of operation states them
+    def _plan(self, sizes):
+        pos, out = self.head, []
+        for size in sizes:
+            if pos % S + size > S:
+                pos = (pos // S + 1) * S
+            out.append(pos)
+            pos += size
+        return out, pos
+
+    def reclaim(self, keep=NO_LOW_WATER):
+        if self.chans:
+            needed = min(min(c, lw) for c, lw in self.chans.values())
+        else:
+            needed = self.backlog
+        new_tail = min(needed, self.head, keep) // S * S
+        if new_tail <= self.tail:
+            return 0
+        self.tail = new_tail
+        gone = [k for k in self.segs if k < new_tail // S]
+        for k in gone:
+            del self.segs[k]
+        self.freed += len(gone)
+        while self.order and self.order[0] < new_tail:
+            del self.recs[self.order.pop(0)]
+        return len(gone)
+
+    def _ensure(self, end, keep):
+        for k in range(self.head // S, (end - 1) // S + 1):
+            if k in self.segs:
+                continue
+            if len(self.segs) >= MEM + self.disk:
+                self.reclaim(keep)
+            tiers = list(self.segs.values())
+            if tiers.count(0) < MEM:
+                self.segs[k] = 0
+            elif tiers.count(1) < self.disk:
+                self.segs[k] = 1
+                self.spilled = True
+            else:
+                raise Full
+
+    def _put(self, records, keep=NO_LOW_WATER):
+        positions, end = self._plan([record_size(len(r[1])) for r in records])
+        self._ensure(end, keep)
+        for pos, rec in zip(positions, records):
+            self.recs[pos] = rec
+            self.order.append(pos)
+        self.head = end
+        return positions
+
+    def append(self, bodies, ids):
+        return self._put([(0, b, i, i * 7, 0, 0, 0) for b, i in zip(bodies, ids)])
+
+    def copy_forward(self, ch, pos, attempts, parked):
+        flags, body, mid, ts, nb, _, _ = self.recs[pos]
+        return self._put([(F_PRIVATE | (F_PARKED if parked else 0), body, mid, ts, nb, ch, attempts)], keep=pos)
+
+    def delivers(self, ch, pos):
+        flags, _, _, _, _, owner, _ = self.recs[pos]
+        return not flags & F_PRIVATE or (owner == ch and not flags & F_PARKED)
+
+    def read(self, ch, max_n, max_bytes):
+        out, total = [], 0
+        for pos in self.order:
+            if pos < self.chans[ch][0] or not self.delivers(ch, pos):
+                continue
+            frame = FRAME_OVERHEAD + len(self.recs[pos][1])
+            if total + frame > max_bytes:
+                return out, pos
+            total += frame
+            out.append(pos)
+            if len(out) == max_n:
+                return out, pos + record_size(len(self.recs[pos][1]))
+        return out, self.head
+
+    def depth(self, ch):
+        return sum(1 for pos in self.order if pos >= self.chans[ch][0] and self.delivers(ch, pos))
+
+    def open_channel(self):
+        ch = min(set(range(CHANNELS)) - set(self.chans))
+        start = self.head if self.chans else self.backlog
+        self.chans[ch] = [start, start]
+        return ch
+
+    def close_channel(self, ch):
+        if len(self.chans) == 1:
+            self.backlog = self.head
+        del self.chans[ch]
+
+
+# mostly large bodies (cheap to generate), so that a few dozen operations fill, spill and reclaim segments
+BODY = st.one_of(st.binary(max_size=16), st.tuples(st.integers(100, 1500), st.integers(0, 255)).map(
+    lambda t: bytes([t[1]]) * t[0] + t[0].to_bytes(2, "big")))
+APPEND = st.tuples(st.just("append"), st.lists(BODY, min_size=1, max_size=8))
+OPS = st.one_of(
+    APPEND, APPEND, APPEND,
+    st.tuples(st.just("open")),
+    st.tuples(st.just("close"), st.integers(0, CHANNELS - 1)),
+    st.tuples(st.just("read"), st.integers(0, CHANNELS - 1), st.integers(1, 6), st.integers(0, 3000),
+              st.integers(0, 7), st.booleans()),
+    st.tuples(st.just("copy"), st.integers(0, CHANNELS - 1), st.integers(0, 10**6), st.integers(1, 9),
+              st.booleans()),
+    st.tuples(st.just("low"), st.integers(0, CHANNELS - 1), st.integers(0, 10**6)),
+    st.tuples(st.just("reclaim")),
+    st.tuples(st.just("reattach")),
+)
+
+
+def frames_of(model, positions, attempts):
+    out = b""
+    for pos, att in zip(positions, attempts):
+        _, body, mid, ts, _, _, _ = model.recs[pos]
+        out += struct.pack(">iiqH", FRAME_OVERHEAD - 4 + len(body), 2, ts, att) + b"%016x" % mid + body
+    return out
+
+
+def open_log(prefix, tmp_path, disk_segments, create=True, ctrl=None):
+    memory = ShmSegmentProvider(prefix)
+    disk = FileSegmentProvider(str(tmp_path), "log") if disk_segments else None
+    if not create:
+        return MessageLog.attach(ctrl, 64, memory, disk)
+    ctrl = mmap.mmap(-1, 64 + log_ctrl_nbytes(S, MEM * S, disk_segments * S, CHANNELS))
+    log = MessageLog.create(ctrl, 64, segment_size=S, mem_bytes=MEM * S, memory=memory,
+                            disk_bytes=disk_segments * S, disk=disk, channels=CHANNELS)
+    return log, ctrl
+
+
+def check(log, model, prefix, tmp_path):
+    assert log.head == model.head and log.tail == model.tail
+    assert log.segments() == sorted(model.segs.items())
+    assert sorted(log.open_channels()) == sorted(model.chans)
+    for ch, (cursor, low) in model.chans.items():
+        assert log.cursor(ch) == cursor and log.low_water(ch) == low
+        assert log.depth(ch) == model.depth(ch)
+    # no leak: exactly the segments in the table exist, in /dev/shm and on disk
+    shm = sorted(e for e in os.listdir("/dev/shm") if e.startswith(prefix + "."))
+    assert shm == sorted(f"{prefix}.{k}" for k, t in model.segs.items() if t == 0)
+    files = sorted(os.listdir(tmp_path))
+    assert files == sorted(os.path.basename(FileSegmentProvider(str(tmp_path), "log").name(k))
+                           for k, t in model.segs.items() if t == 1)
+
+
+def apply(log, model, op):
+    name = op[0]
+    if name == "append":
+        ids = [next(_examples) for _ in op[1]]
+        lengths = np.array([len(b) for b in op[1]], dtype=np.int64)
+        src = np.frombuffer(b"".join(op[1]) or b"\0", dtype=np.uint8)
+        offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+        got = np.zeros(len(ids), dtype=np.int64)
+        try:
+            want = model.append(op[1], ids)
+        except Full:
+            event("append FULL")
+            with pytest.raises(LogFull):
+                log.append_batch(src, offsets, lengths, np.array(ids) * 7, np.array(ids, dtype=np.int64))
+            return
+        log.append_batch(src, offsets, lengths, np.array(ids) * 7, np.array(ids, dtype=np.int64), positions=got)
+        assert list(got) == want
+    elif name == "open":
+        if len(model.chans) == CHANNELS:
+            with pytest.raises(LogError):
+                log.open_channel()
+        else:
+            assert log.open_channel() == model.open_channel()
+    elif name == "close":
+        if op[1] not in model.chans:
+            with pytest.raises(LogError):
+                log.close_channel(op[1])
+        else:
+            log.close_channel(op[1])
+            model.close_channel(op[1])
+    elif name == "read" and op[1] in model.chans:
+        _, ch, max_n, max_bytes, consume, fin = op
+        want, nxt = model.read(ch, max_n, max_bytes)
+        b = log.read(ch, max_n, max_bytes)
+        assert list(b.positions[:b.n]) == want and b.next_position == nxt
+        assert [model.recs[p][1] for p in want] == [log.body(int(p)) for p in want]
+        attempts = np.arange(1, b.n + 1, dtype=np.int64)
+        out = np.zeros(max_bytes + 16, dtype=np.uint8)
+        end = log.write_frames(out, 5, b.positions, attempts, b.n)
+        assert out[5:end].tobytes() == frames_of(model, want, attempts)
+        target = nxt if consume >= len(want) else want[consume]  # a partial advance stops before a record
+        passed = log.advance(ch, target)
+        assert passed >= sum(1 for p in model.order if model.chans[ch][0] <= p < target)  # + PAD records
+        model.chans[ch][0] = target
+        if fin:  # as a broker does once everything before the cursor is finished
+            log.set_low_water(ch, target)
+            model.chans[ch][1] = target
+    elif name == "copy" and op[1] in model.chans and model.order:
+        _, ch, pick, attempts, parked = op
+        src = model.order[pick % len(model.order)]
+        try:
+            want = model.copy_forward(ch, src, attempts, parked)
+        except Full:
+            with pytest.raises(LogFull):
+                log.copy_forward(ch, [src], attempts, parked=parked)
+            return
+        assert list(log.copy_forward(ch, [src], attempts, parked=parked)) == want
+        got = log.records_at(want)
+        assert got.attempts[0] == attempts and got.flags[0] == model.recs[want[0]][0]
+    elif name == "low" and op[1] in model.chans:
+        ch = op[1]
+        choices = model.order + [NO_LOW_WATER, model.chans[ch][0]]
+        pos = choices[op[2] % len(choices)]
+        log.set_low_water(ch, pos)
+        model.chans[ch][1] = pos
+    elif name == "reclaim":
+        freed = model.reclaim()
+        assert log.reclaim() == freed
+        event(f"reclaim freed {min(freed, 2)}")
+    return None
+
+
+@settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
+@given(ops=st.lists(OPS, min_size=20, max_size=100), ephemeral=st.booleans())
+def test_log_matches_model(ops, ephemeral, shm_prefix, tmp_path_factory):
+    prefix = f"{shm_prefix}-{next(_examples)}"
+    tmp_path = tmp_path_factory.mktemp("segs")
+    disk_segments = 0 if ephemeral else DISK
+    log, ctrl = open_log(prefix, tmp_path, disk_segments)
+    model = Model(disk_segments)
+    try:
+        for op in ops:
+            if op[0] == "reattach":  # the owner died and a new one takes over
+                log.close()
+                log = open_log(prefix, tmp_path, disk_segments, create=False, ctrl=ctrl)
+                log.recover()
+            else:
+                apply(log, model, op)
+            check(log, model, prefix, tmp_path)
+        event(f"spilled to disk: {model.spilled}")
+        event(f"segments reclaimed: {min(model.freed, 3)}")
+        event(f"segments used: {min(max(model.segs, default=0), 8)}")
+        for pos in model.order:  # nothing a channel may still need was reclaimed or overwritten
+            assert log.body(pos) == model.recs[pos][1]
+            assert log.records_at([pos]).ids[0] == model.recs[pos][2]
+    finally:
+        log.destroy()
+    assert not [e for e in os.listdir("/dev/shm") if e.startswith(prefix + ".")] and not os.listdir(tmp_path)
