@@ -128,7 +128,7 @@ class Channel:
             if n == 0:
                 return 0
         w.write_frames(s, self.topic.log, pos, att)
-        w.scanner_start(slots, deadline)
+        w.timer_start(slots, deadline)
         s.in_flight += n
         s.message_count += n
         self.message_count += n
@@ -147,7 +147,7 @@ class Channel:
         slots = np.array(taken, np.int64)
         _, pos, att = generations(table, slots)
         w.write_frames(s, self.topic.log, pos, att)
-        w.scanner_start(slots, deadline)
+        w.timer_start(slots, deadline)
         s.in_flight += len(taken)
         s.message_count += len(taken)
         self.message_count += len(taken)
@@ -157,10 +157,10 @@ class Channel:
         table = self.worker.inflight
         slots = np.empty(len(pos), np.int64)
         table.start_batch(self.topic.index, self.key, -1, now, now, ids, pos, att, slots)
-        for slot, due in zip(slots.tolist(), not_before.tolist()):
-            if slot >= 0:
-                table.requeue(slot, due)
-                self.worker.scanner_start_one(slot, due)
+        ok = slots >= 0
+        for slot, due in zip(slots[ok].tolist(), not_before[ok].tolist()):
+            table.requeue(slot, due)
+        self.worker.timer_start_each(slots[ok].tolist(), not_before[ok].tolist())
 
     # ---- FIN / REQ / TOUCH -------------------------------------------------------------------------------
     def finish_one(self, s, msg_id):
@@ -169,7 +169,7 @@ class Channel:
         if slot < 0:
             raise FinFailed(f"FIN {msg_id.decode('latin-1')} failed {_fail_text(slot)}")
         self.worker.inflight.release(slot)
-        self.worker.scanner_remove(np.array([slot], np.int64))
+        self.worker.timer_leave(np.array([slot], np.int64))
         s.in_flight -= 1
         s.finish_count += 1
         self.wants_delivery()
@@ -182,7 +182,7 @@ class Channel:
         ids = batch.values
         done = self.worker.inflight.finish_batch(self.key, ids, s.conn_id, status, freed)
         if done:
-            self.worker.scanner_remove(freed[status == IF.OK])
+            self.worker.timer_leave(freed[status == IF.OK])
             s.in_flight -= done
             s.finish_count += done
             self.wants_delivery()
@@ -201,14 +201,14 @@ class Channel:
     def requeue(self, s, msg_id, timeout_ms):
         slot = self._lookup(s, msg_id, "REQ", ReqFailed)
         table = self.worker.inflight
+        self.worker.timer_leave(np.array([slot], np.int64))
         if timeout_ms <= 0:
             table.requeue(slot, 0)
-            self.worker.scanner_remove(np.array([slot], np.int64))
             self.requeued.append(slot)
         else:
             due = time.time_ns() + timeout_ms * 1_000_000
             table.requeue(slot, due)
-            self.worker.scanner_start_one(slot, due)
+            self.worker.timer_start_each([slot], [due])
         s.in_flight -= 1
         s.requeue_count += 1
         self.requeue_count += 1
@@ -222,7 +222,8 @@ class Channel:
         deadline = min(now + s.settings.msg_timeout_ms * 1_000_000,
                        info.delivered_ns + self.worker.opts.max_msg_timeout)
         table.touch(slot, deadline)
-        self.worker.scanner_start_one(slot, deadline)
+        self.worker.timer_leave(np.array([slot], np.int64))
+        self.worker.timer_start_each([slot], [deadline])
 
     # ---- timers and disconnects ------------------------------------------------------------------------
     def on_expired(self, slot, info, session):
@@ -247,14 +248,16 @@ class Channel:
             table.requeue(slot, 0)
             self.requeued.append(slot)
         if mine:
-            self.worker.scanner_remove(np.array(mine, np.int64))
+            self.worker.timer_leave(np.array(mine, np.int64))
             session.in_flight = 0
             self.wants_delivery()
 
     def drop_all(self):
         """Channel deleted or emptied: free every slot it holds."""
         table = self.worker.inflight
-        for slot in self.worker.slots_of_channel(self.key):
+        slots = self.worker.slots_of_channel(self.key)
+        self.worker.timer_leave(np.array(slots, np.int64))
+        for slot in slots:
             table.release(slot)
         self.requeued.clear()
         for s in self.consumers:

@@ -28,7 +28,7 @@ import numpy as np
 
 from ipc.atomics import py_cas, py_fetch_add, py_load_acquire, py_store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
-from ipc.ring import HEADER_BYTES, Ring, record_size
+from ipc.ring import C_HEAD, C_READ, HEADER_BYTES, Ring, record_size, ring_consumer_recover, ring_producer_recover
 
 MAGIC = magic("NSQLINKS")
 VERSION = 1
@@ -93,7 +93,7 @@ class Link:
         n = len(offs)
         if n == 0:
             return 0
-        head = int(ring.ctl[ring_head_word()])
+        head = int(ring.ctl[C_HEAD])
         data = ring.data
         done = 0
         end = head
@@ -109,18 +109,8 @@ class Link:
             ring.release()
         else:
             ring.release(end)
-            ring.ctl[ring_read_word()] = end  # offer the refused record again
+            ring.ctl[C_READ] = end  # offer the refused record again
         return done
-
-
-def ring_head_word():
-    from ipc.ring import C_HEAD
-    return C_HEAD
-
-
-def ring_read_word():
-    from ipc.ring import C_READ
-    return C_READ
 
 
 class LinkSet:
@@ -163,11 +153,9 @@ class LinkSet:
         return self._link("from_scanner", i)
 
     def recover_reader(self, link):
-        from ipc.ring import ring_consumer_recover
         ring_consumer_recover(link.ring.ctl)
 
     def recover_writer(self, link):
-        from ipc.ring import ring_producer_recover
         ring_producer_recover(link.ring.ctl)
 
     # ---- wake-ups --------------------------------------------------------------------------------------

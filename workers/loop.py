@@ -11,7 +11,9 @@ Error handling: a callback that raises is logged and its fd removed; the loop it
 """
 import heapq
 import itertools
+import os
 import select
+import signal
 import time
 import traceback
 
@@ -94,6 +96,28 @@ class Loop:
     def add_idle(self, callback):
         """callback() runs once after the I/O of every iteration."""
         self._idle.append(callback)
+
+    # ---- signals ---------------------------------------------------------------------------------------
+    def add_signal_handler(self, signum, callback):
+        """Run callback() from the loop when signum arrives. Python runs signal handlers between bytecodes and
+        epoll is retried after EINTR (PEP 475), so the signal is turned into an fd event instead."""
+        if not hasattr(self, "_sig_r"):
+            self._sig_r, self._sig_w = os.pipe2(os.O_NONBLOCK | os.O_CLOEXEC)
+            self._sig_handlers = {}
+            signal.set_wakeup_fd(self._sig_w)
+            self.add_reader(self._sig_r, self._on_signal_fd)
+        self._sig_handlers[signum] = callback
+        signal.signal(signum, lambda *a: None)
+
+    def _on_signal_fd(self):
+        try:
+            data = os.read(self._sig_r, 64)
+        except BlockingIOError:
+            return
+        for signum in data:
+            cb = self._sig_handlers.get(signum)
+            if cb is not None:
+                cb()
 
     # ---- running ---------------------------------------------------------------------------------------
     def stop(self):

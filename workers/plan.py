@@ -21,7 +21,7 @@ import socket
 from ipc.fdpass import channel_pair
 from ipc.heap import TimerHeap, heap_nbytes
 from ipc.inflight import InFlightTable, inflight_nbytes
-from ipc.shm import Segment, find_stale, instance_prefix, segment_name, unlink_name
+from ipc.shm import Segment, find_stale, instance_prefix, list_segments, segment_name, unlink_name
 from workers import control, links, meta
 
 INFLIGHT_CAPACITY = 1 << 17
@@ -92,6 +92,9 @@ class Plan:
             seg.close()
             seg.unlink()
         self.segments.clear()
+        # what a child that had to be killed at shutdown could not remove itself (its topic logs)
+        for name in list_segments(self.prefix):
+            unlink_name(name)
 
 
 def split_address(addr):

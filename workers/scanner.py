@@ -27,7 +27,7 @@ from numba import njit
 from ipc.heap import heap_push, heap_remove, heap_update
 
 START, REMOVE, RESET, EXPIRED = 1, 2, 3, 4
-MAX_SLEEP = 0.1
+MAX_SLEEP = 0.05  # workers do not wake the scanner for timers due later than this (worker.SCANNER_POLL_NS)
 SHIFT_BATCH = 4096
 
 

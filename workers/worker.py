@@ -35,12 +35,15 @@ from workers import kernels as K
 from workers.loop import Loop
 from workers.scanner import EXPIRED, REMOVE, RESET, START
 from workers.session import MIGRATED, Session
+from workers.timers import TimerBatches
 from workers.topic import Topic
 
 NEW_CONNECTION, MOVED_SUBSCRIBER = 1, 2
 FORWARD = 1
 _FWD_HEAD = np.dtype([("n", "<i8"), ("ts", "<i8"), ("defer_ms", "<i8"), ("topic_len", "<i8")])
 FRAME_SCRATCH = 8 << 20
+SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
+LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
 
 
 def owner_of(topic, workers):
@@ -84,6 +87,7 @@ class Worker:
         self.channels_by_key = {}
         self.dirty = []
         self.pending = set()
+        self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0
         self._channel_seq = 0
@@ -105,12 +109,12 @@ class Worker:
 
     # ---- plumbing --------------------------------------------------------------------------------------
     def run(self, ready_fd):
-        signal.signal(signal.SIGTERM, lambda *a: self.loop.call_later(0, self.stop))
         signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.loop.add_signal_handler(signal.SIGTERM, self.stop)
         self.loop.add_reader(self.inbox.fileno(), self._on_handoff)
         self.loop.add_reader(self.links.eventfd(self.index), self._on_wake)
         self.loop.add_idle(self._idle)
-        self.loop.call_later(0.1, self._periodic)
+        self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
         import os
         os.write(ready_fd, b"w")
         self.loop.run()
@@ -133,7 +137,7 @@ class Worker:
     def _periodic(self):
         for t in self.topics.values():
             self.refresh_low_water(t)
-        self.loop.call_later(0.1, self._periodic)
+        self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
 
     def _on_handoff(self):
         while True:
@@ -349,50 +353,63 @@ class Worker:
         return not self.links.prepare_sleep(self.index, self._inputs_empty)
 
     # ---- scanner ---------------------------------------------------------------------------------------
-    def _send_scanner(self, rtype, payload):
+    def _send_scanner(self, rtype, payload, key=None):
+        """Post a timer event. The scanner is woken only for a key due within its polling period (or when the
+        ring fills up): it drains its rings at least every MAX_SLEEP anyway, and most keys lie a message timeout
+        (>= 1 s) ahead, so waking it per delivery round would only burn a core on wake-ups."""
         while not self.to_scanner.send(rtype, payload):
             self.links.wake(self.links.SCANNER)
             self.to_scanner.wait_for_room(len(payload), 0.001)
-        self.links.wake(self.links.SCANNER)
+        if key is not None and key - time.time_ns() < SCANNER_POLL_NS:
+            self.links.wake(self.links.SCANNER)
 
-    def scanner_start(self, slots, key):
-        n = len(slots)
-        recs = np.empty((n, 3), np.int64)
-        recs[:, 0] = slots
-        recs[:, 1] = K.generations(self.inflight, slots)[0]
-        recs[:, 2] = key
-        self._send_scanner(START, recs.tobytes())
+    def timer_start(self, slots, key):
+        """One timer (deadline or due time `key`) for all these slots."""
+        if len(slots) == 0:
+            return
+        b = self.timers.add(slots)
+        self._send_scanner(START, np.array([b, self.timers.gen[b], key], np.int64).tobytes(), key)
 
-    def scanner_start_one(self, slot, key):
-        self._send_scanner(START, np.array([slot, self.inflight.generation(slot), key], np.int64).tobytes())
+    def timer_start_each(self, slots, keys):
+        """A timer of its own for every slot (TOUCH, deferred messages, recovery)."""
+        rows = np.empty((len(slots), 3), np.int64)
+        for i, (slot, key) in enumerate(zip(slots, keys)):
+            b = self.timers.add([slot])
+            rows[i] = (b, self.timers.gen[b], key)
+        for k in range(0, len(rows), 65536):
+            part = rows[k:k + 65536]
+            self._send_scanner(START, part.tobytes(), int(part[:, 2].min()))
 
-    def scanner_remove(self, slots):
-        if len(slots):
-            self._send_scanner(REMOVE, np.ascontiguousarray(slots, np.int64).tobytes())
+    def timer_leave(self, slots):
+        empty = self.timers.leave(slots)
+        if len(empty):
+            self._send_scanner(REMOVE, np.array(empty, np.int64).tobytes())
 
     def _on_scanner(self, rtype, payload):
         if rtype != EXPIRED:
             return True
-        recs = np.frombuffer(payload, np.int64).reshape(-1, 2)
         table = self.inflight
-        for slot, gen in recs.tolist():
-            if table.generation(slot) != gen:
-                continue  # finished, touched or requeued since: the timer was stale
-            info = table.slot(slot)
-            ch = self.channels_by_key.get(info.channel)
-            if ch is None:
-                table.release(slot)
-                continue
-            ch.on_expired(slot, info, self.sessions.get(info.conn))
+        for b, gen in np.frombuffer(payload, np.int64).reshape(-1, 2).tolist():
+            for slot in self.timers.expire(b, gen).tolist():
+                info = table.slot(slot)
+                ch = self.channels_by_key.get(info.channel)
+                if ch is None:
+                    table.release(slot)
+                elif info.state in (IF.IN_FLIGHT, IF.DEFERRED):
+                    ch.on_expired(slot, info, self.sessions.get(info.conn))
         return True
 
     def resync_scanner(self):
         """The scanner restarted with empty heaps: post every timer this worker holds."""
         self._send_scanner(RESET, b"")
+        self.timers.clear()
+        slots, keys = [], []
         for slot in self.inflight.recover().tolist():
             info = self.inflight.slot(slot)
             if info.state in (IF.IN_FLIGHT, IF.DEFERRED):
-                self.scanner_start_one(slot, info.deadline_ns)
+                slots.append(slot)
+                keys.append(info.deadline_ns)
+        self.timer_start_each(slots, keys)
 
     def slots_of_channel(self, key):
         out = np.empty(self.inflight.capacity, np.int64)
@@ -436,17 +453,20 @@ class Worker:
                 self.channels_by_key[ch.key] = ch
         table = self.inflight
         self._send_scanner(RESET, b"")
+        deferred, dues = [], []
         for slot in table.recover().tolist():
             info = table.slot(slot)
             ch = self.channels_by_key.get(info.channel)
             if ch is None:
                 table.release(slot)
             elif info.state == IF.DEFERRED:
-                self.scanner_start_one(slot, info.deadline_ns)
+                deferred.append(slot)
+                dues.append(info.deadline_ns)
             else:
                 if info.state == IF.IN_FLIGHT:
                     table.requeue(slot, 0)
                 ch.requeued.append(slot)
+        self.timer_start_each(deferred, dues)
         self.log.info(f"worker {self.index}: recovered {len(self.topics)} topics after a restart")
         self.control.set_connections(self.index, 0)
 
