@@ -7,27 +7,20 @@ Theory of operation: every pair of processes that sends messages in one directio
     to_scanner(i)      worker i -> scanner     START / REMOVE / RESET timer events
     from_scanner(i)    scanner -> worker i     EXPIRED timers
 
-All rings of one broker live in one segment, with one "sleeping" flag line per reading process ahead of them.
-
-Wake-ups: a reader that finds all its rings empty sets its sleeping flag, issues a full fence, looks at its rings
-once more, and only then blocks on its eventfd (in the worker's epoll loop, or ``sleep`` for the scanner). A
-writer, after committing, swaps the reader's flag from 1 to 0 with a compare-and-swap (a full barrier on x86, and
-it orders the commit before the flag read on weaker CPUs because ``cas`` is sequentially consistent) and writes
-the eventfd only if it won the swap. So an idle reader costs nothing, a busy one pays no syscall per record, and
-no wake-up is lost: either the writer sees the flag, or the reader's re-check sees the record.
+All rings of one broker live in one segment, after the sleeping flags of the reading processes (``ipc.wake``):
+a reader that finds its rings empty arms its flag, re-checks, and only then blocks on its eventfd (in the
+worker's epoll loop, or ``sleep`` for the scanner); a writer writes the eventfd only when it finds the flag armed.
+So an idle reader costs nothing, a busy one pays no syscall per record, and no wake-up is lost.
 
 Resource handling: the supervisor creates the segment and the eventfds before forking; every child uses the
 inherited mapping, so a restarted child finds the rings where its predecessor left them. A restarted reader
 re-reads what was read but not released (``Ring`` consumer recovery), a restarted writer resumes at the committed
 tail (producer recovery): at worst a duplicate, never a loss.
 """
-import os
 import select
 
-import numpy as np
-
-from ipc.atomics import py_cas, py_fetch_add, py_load_acquire, py_store_release
-from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
+from ipc.layout import LINE, HEADER_WORDS, check_header, magic, stamp_header, words
+from ipc.wake import Wakeups, make_eventfd
 from ipc.ring import C_HEAD, C_READ, HEADER_BYTES, Ring, record_size, ring_consumer_recover, ring_producer_recover
 
 MAGIC = magic("NSQLINKS")
@@ -39,8 +32,7 @@ DRAIN_BATCH = 256
 
 def _layout(workers):
     """[(kind, i, j, offset, capacity)] and the total size."""
-    procs = workers + 1
-    offset = LINE * (1 + procs)
+    offset = LINE + Wakeups.size_for(workers + 1)
     rings = []
     for i in range(workers):
         for j in range(workers):
@@ -114,16 +106,23 @@ class Link:
 
 
 class LinkSet:
-    def __init__(self, seg, workers, eventfds=None):
+    def __init__(self, seg, workers, eventfds=None, create=False):
         self.seg = seg
         self.workers = workers
         self.SCANNER = workers
         self.rings, size = _layout(workers)
-        self.w = words(seg.buf, 0, LINE * (1 + workers + 1) // 8, "links")
-        check_header(self.w[:HEADER_WORDS], MAGIC, VERSION, size, (workers,), what="links")
-        self.eventfds = eventfds or [os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC) for _ in range(workers + 1)]
-        for fd in self.eventfds:
-            os.set_inheritable(fd, False)
+        hdr = words(seg.buf, 0, HEADER_WORDS, "links")
+        fds = eventfds or [make_eventfd() for _ in range(workers + 1)]
+        if create:
+            hdr[:] = 0
+            for kind, i, j, off, cap in self.rings:
+                Ring.create(seg.buf, off, cap)
+            self.wakeups = Wakeups.create(seg.buf, LINE, fds)
+            stamp_header(hdr, MAGIC, VERSION, size, (workers,))
+        check_header(hdr, MAGIC, VERSION, size, (workers,), what="links")
+        if not create:
+            self.wakeups = Wakeups.attach(seg.buf, LINE, fds)
+        self.eventfds = fds
         self._by_key = {}
         for kind, i, j, off, cap in self.rings:
             reader = j if kind == "pub" else (self.SCANNER if kind == "to_scanner" else i)
@@ -131,13 +130,7 @@ class LinkSet:
 
     @classmethod
     def create(cls, seg, workers):
-        rings, size = _layout(workers)
-        hdr = words(seg.buf, 0, LINE * (1 + workers + 1) // 8, "links")
-        hdr[:] = 0
-        for kind, i, j, off, cap in rings:
-            Ring.create(seg.buf, off, cap)
-        stamp_header(hdr[:HEADER_WORDS], MAGIC, VERSION, size, (workers,))
-        return cls(seg, workers)
+        return cls(seg, workers, create=True)
 
     def _link(self, kind, i, j=0):
         off, reader = self._by_key[(kind, i, j)]
@@ -158,41 +151,22 @@ class LinkSet:
     def recover_writer(self, link):
         ring_producer_recover(link.ring.ctl)
 
-    # ---- wake-ups --------------------------------------------------------------------------------------
-    def _flag(self, proc):
-        return LINE_WORDS * (1 + proc)
-
+    # ---- wake-ups (ipc.wake: Dekker's store-fence-load on both sides) ---------------------------------
     def eventfd(self, proc):
         return self.eventfds[proc]
 
     def wake(self, proc):
-        if py_load_acquire(self.w, self._flag(proc)) == 1 and py_cas(self.w, self._flag(proc), 1, 0) == 1:
-            try:
-                os.eventfd_write(self.eventfds[proc], 1)
-            except BlockingIOError:
-                pass  # the counter is already non-zero: the reader will wake anyway
+        """After committing records for proc: one eventfd write, only if proc is going to sleep."""
+        self.wakeups.notify(proc)
 
     def prepare_sleep(self, proc, still_empty):
-        """Set the sleeping flag, fence, and re-check; True when the caller may block on its eventfd."""
-        py_store_release(self.w, self._flag(proc), 1)
-        py_fetch_add(self.w, self._flag(proc) + 1, 0)  # full barrier between the flag store and the re-check
-        if still_empty():
-            return True
-        py_store_release(self.w, self._flag(proc), 0)
-        return False
+        """True when proc may block on its eventfd (its rings stayed empty after it armed the flag)."""
+        return self.wakeups.prepare_sleep(proc, lambda: not still_empty())
 
     def awake(self, proc):
-        py_store_release(self.w, self._flag(proc), 0)
-
-    def clear_wake(self, proc):
-        try:
-            os.eventfd_read(self.eventfds[proc])
-        except BlockingIOError:
-            pass
+        """proc woke up (eventfd readable, or other I/O): reset the eventfd and the flag."""
+        self.wakeups.woke(proc)
 
     def sleep(self, proc, timeout, still_empty):
         """Block up to timeout seconds unless a ring of proc has something (the scanner's idle wait)."""
-        if self.prepare_sleep(proc, still_empty):
-            select.select([self.eventfds[proc]], [], [], timeout)
-            self.clear_wake(proc)
-        self.awake(proc)
+        self.wakeups.sleep(proc, lambda: not still_empty(), timeout)

@@ -71,6 +71,7 @@ class Supervisor:
                 os._exit(code)
         child.pid = pid
         child.started = time.monotonic()
+        self.log.info(f"{child.name}: started (pid {pid})")
 
     def start(self):
         for child in self.children:

@@ -132,7 +132,7 @@ class Worker:
         self.loop.stop()
 
     def _on_wake(self):
-        self.links.clear_wake(self.index)
+        self.links.awake(self.index)
 
     def _periodic(self):
         for t in self.topics.values():
@@ -328,7 +328,6 @@ class Worker:
         return self.from_scanner.empty() and all(r.empty() for r in self.pub_in)
 
     def _idle(self):
-        self.links.awake(self.index)
         more = False
         if self._drain_pub_rings():
             more = True
