@@ -14,6 +14,8 @@ LLVM instruction on element ``i`` of a 1-D integer numpy array (the array may be
     cpu_pause()                   x86 `pause` in a spin loop (nothing elsewhere)
     copy_bytes(dst, d, src, s, n) llvm.memcpy of n bytes between uint8 arrays (not ordered; numba's slice copy is
                                   ~20x slower, and every layout module needs a raw copy)
+    get_word(buf, off)            plain int64 load / store at an 8-aligned byte offset of a uint8 array (record
+    put_word(buf, off, v)         headers: ``arr.view(np.int64)`` inside a kernel costs a refcount round trip)
 
 The functions are callable only from @njit code; the Python-level wrappers at the bottom (``py_*``) exist for
 tests and for cold paths such as initialising a layout.
@@ -40,7 +42,7 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 __all__ = [
-    "load_acquire", "store_release", "cas", "fetch_add", "fence", "cpu_pause", "copy_bytes",
+    "load_acquire", "store_release", "cas", "fetch_add", "fence", "cpu_pause", "copy_bytes", "get_word", "put_word",
     "py_load_acquire", "py_store_release", "py_cas", "py_fetch_add",
 ]
 
@@ -154,6 +156,39 @@ def copy_bytes(typingctx, dst, dst_off, src, src_off, n):
         return context.get_dummy_value()
 
     return types.void(dst, dst_off, src, src_off, n), codegen
+
+
+def _word_pointer(context, builder, arrty, arr, index_ty, index):
+    ptr = _element_pointer(context, builder, arrty, arr, index_ty, index)
+    return builder.bitcast(ptr, ir.IntType(64).as_pointer())
+
+
+@intrinsic
+def get_word(typingctx, buf, byte_off):
+    """The int64 at byte ``byte_off`` (8-aligned) of a uint8 array; a plain load: not ordered."""
+    if not (isinstance(buf, types.Array) and buf.dtype == types.uint8 and isinstance(byte_off, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _word_pointer(context, builder, buf, args[0], byte_off, args[1])
+        return builder.load(ptr, align=8, typ=ir.IntType(64))
+
+    return types.int64(buf, byte_off), codegen
+
+
+@intrinsic
+def put_word(typingctx, buf, byte_off, value):
+    """Store an int64 at byte ``byte_off`` (8-aligned) of a uint8 array; a plain store: not ordered."""
+    if not (isinstance(buf, types.Array) and buf.dtype == types.uint8 and isinstance(byte_off, types.Integer)
+            and isinstance(value, types.Integer)):
+        return None
+
+    def codegen(context, builder, sig, args):
+        ptr = _word_pointer(context, builder, buf, args[0], byte_off, args[1])
+        builder.store(context.cast(builder, args[2], value, types.int64), ptr, align=8)
+        return context.get_dummy_value()
+
+    return types.void(buf, byte_off, value), codegen
 
 
 # Python-callable wrappers for tests and cold paths (a kernel call costs ~0.2 us: never use these per record).

@@ -48,7 +48,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ipc.atomics import copy_bytes, load_acquire, py_load_acquire, store_release
+from ipc.atomics import copy_bytes, get_word, load_acquire, put_word, py_load_acquire, store_release
 from ipc.layout import (H_PARAMS, LINE, LINE_WORDS, bytes_view, check_header, is_power_of_two, line_words, magic,
                         stamp_header, words)
 
@@ -100,11 +100,10 @@ def ring_claim(ctl, data, length, rtype):
         ctl[P_CACHED_HEAD] = load_acquire(ctl, C_HEAD)
         if end - ctl[P_CACHED_HEAD] > cap:
             return FULL
-    w = data.view(np.int64)
     if pad:
-        w[idx >> 3] = (PAD << 32) | (pad - HEADER_BYTES)
+        put_word(data, idx, (PAD << 32) | (pad - HEADER_BYTES))
         idx = 0
-    w[idx >> 3] = (np.int64(rtype) << 32) | length
+    put_word(data, idx, (np.int64(rtype) << 32) | length)
     ctl[P_CLAIM] = end
     ctl[P_CLAIMED] += 1
     return idx + HEADER_BYTES
@@ -161,7 +160,6 @@ def ring_read_batch(ctl, data, out_off, out_len, out_type, max_count, max_bytes)
     Consumer only."""
     cap = data.size
     mask = cap - 1
-    w = data.view(np.int64)
     pos = ctl[C_READ]
     tail = load_acquire(ctl, P_TAIL)
     n = 0
@@ -169,7 +167,7 @@ def ring_read_batch(ctl, data, out_off, out_len, out_type, max_count, max_bytes)
     limit = min(max_count, out_off.size, out_len.size, out_type.size)
     while pos < tail and n < limit:
         idx = pos & mask
-        h = w[idx >> 3]
+        h = get_word(data, idx)
         length = h & 0xFFFFFFFF
         rtype = h >> 32
         size = record_size(length)
