@@ -59,6 +59,8 @@ from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header
 __all__ = [
     "InFlightTable", "SlotInfo", "inflight_nbytes", "INFLIGHT_MAGIC", "INFLIGHT_VERSION", "C_FREE_HEAD", "C_N_LIVE",
     "FREE", "IN_FLIGHT", "REQUEUED", "DEFERRED", "STATE_NAMES",
+    "SLOT_WORDS", "HALF_WORDS", "S_TAG", "S_TOPIC", "S_CHANNEL", "S_MSG_ID", "S_LOG_POS", "S_NEXT_FREE", "S_HALF0",
+    "S_HASH", "F_CONN", "F_ATTEMPTS", "F_DELIVERED", "F_DEADLINE",
     "OK", "ST_FULL", "ST_DUPLICATE", "ST_NOT_FOUND", "ST_NOT_OWNER", "ST_BAD_STATE", "ST_BAD_SLOT", "ST_CORRUPT",
     "inflight_start_batch", "inflight_finish_batch", "inflight_lookup", "inflight_touch", "inflight_requeue",
     "inflight_redeliver", "inflight_release", "inflight_iter_conn", "inflight_recover", "inflight_check",
@@ -68,7 +70,7 @@ INFLIGHT_MAGIC = magic("NSQINFLT")
 INFLIGHT_VERSION = 1
 
 C_FREE_HEAD, C_N_LIVE = 0, 1  # control-line words
-# slot words
+# slot words (public: bulk readers in the owning worker, e.g. workers/kernels.py, index slots with these)
 SLOT_WORDS = 16
 S_TAG, S_TOPIC, S_CHANNEL, S_MSG_ID, S_LOG_POS, S_NEXT_FREE, S_HALF0, S_HASH = 0, 1, 2, 3, 4, 5, 6, 14
 HALF_WORDS = 4
