@@ -73,7 +73,6 @@ class Channel:
         """One delivery pass over the consumers; True when more could be delivered right away."""
         if self.paused or self.topic.paused or not self.consumers or self.deleted:
             return False
-        more = False
         n = len(self.consumers)
         start = self._rr % n
         self._rr += 1
@@ -82,12 +81,9 @@ class Channel:
             free = s.rdy - s.in_flight
             if free <= 0 or not s.ready_for_more():
                 continue
-            sent = self._deliver_to(s, min(free, ROUND))
-            if sent == 0 and not self.has_messages():
+            if self._deliver_to(s, min(free, ROUND)) == 0 and not self.has_messages():
                 return False
-            if sent >= min(free, ROUND) and s.rdy > s.in_flight:
-                more = True
-        return more
+        return self.has_messages() and any(c.ready_for_more() for c in self.consumers)
 
     def _deliver_to(self, s, budget):
         now = time.time_ns()

@@ -8,6 +8,7 @@ once every child reported ready, so that the "listening on" line means connectio
 """
 import platform
 import sys
+import time
 
 from nsqpy.config import NsqdOptions
 from nsqpy.log import Logger
@@ -15,6 +16,7 @@ from workers.acceptor import acceptor_main
 from workers.plan import Plan
 from workers.scanner import scanner_main
 from workers.supervisor import Supervisor
+from workers.warmup import warm_up
 from workers.worker import worker_main
 
 NSQ_VERSION = "1.3.0"
@@ -34,6 +36,9 @@ def main(argv=None):
     log.info(f"ID: {opts.node_id}")
     plan = Plan(opts, log)
     try:
+        t0 = time.monotonic()
+        warm_up(plan.prefix)
+        log.debug(f"kernels ready in {time.monotonic() - t0:.2f}s")
         plan.create()
         host, port = plan.bind()
     except OSError as e:

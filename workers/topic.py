@@ -9,6 +9,7 @@ path beyond it (none for ``#ephemeral`` topics, which drop what does not fit, as
 Memory budget: NSQ counts ``--mem-queue-size`` in messages; the log counts bytes, so the budget is
 ``mem-queue-size x MEM_BYTES_PER_MESSAGE`` rounded up to whole segments (at least one segment).
 """
+import errno
 import hashlib
 import time
 
@@ -17,7 +18,7 @@ import numpy as np
 from ipc.filesegment import FileSegmentProvider
 from ipc.msglog import LogFull, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
 from ipc.shm import Segment, SegmentError, segment_name
-from nsqpy.protocol.ids import IdGenerator
+from nsqpy.protocol.ids import SEQUENCE_MASK, TWEPOCH, IdGenerator
 from workers.channel import Channel
 
 SEGMENT_SIZE = 8 << 20
@@ -54,19 +55,26 @@ class Topic:
                         * SEGMENT_SIZE)
         disk_bytes = 0 if self.ephemeral else DISK_BYTES
         ctrl_name = segment_name(self.worker.data_path, opts.node_id, "topic", h)
-        if restarted:
+        if not restarted:
             try:
-                self.ctrl = Segment.attach(ctrl_name)
-                self.log = MessageLog.attach(self.ctrl.buf, 0, self.memory, self.disk)
-                self.log.recover()
-                self.ctrl.adopt()
+                self.ctrl = Segment.create(ctrl_name, log_ctrl_nbytes(SEGMENT_SIZE, mem_bytes, disk_bytes))
+            except SegmentError as e:
+                if e.errno != errno.EEXIST:
+                    raise
+                restarted = True  # left by a crash between creating the log and recording it: keep its messages
+            else:
+                self.log = MessageLog.create(self.ctrl.buf, 0, segment_size=SEGMENT_SIZE, mem_bytes=mem_bytes,
+                                             memory=self.memory, disk_bytes=disk_bytes, disk=self.disk)
                 return
-            except (SegmentError, FileNotFoundError, OSError):
-                pass
-        size = log_ctrl_nbytes(SEGMENT_SIZE, mem_bytes, disk_bytes)
-        self.ctrl = Segment.create(ctrl_name, size)
-        self.log = MessageLog.create(self.ctrl.buf, 0, segment_size=SEGMENT_SIZE, mem_bytes=mem_bytes,
-                                     memory=self.memory, disk_bytes=disk_bytes, disk=self.disk)
+        self.ctrl = Segment.attach(ctrl_name)
+        self.ctrl.adopt()
+        self.log = MessageLog.attach(self.ctrl.buf, 0, self.memory, self.disk)
+        self.log.recover()
+        last = self.log.last_id & 0xFFFFFFFFFFFFFFFF
+        if last:
+            # continue after the last ID the previous owner gave out, never reuse one
+            self.ids.last_tick = (last >> 22) + TWEPOCH
+            self.ids.sequence = last & SEQUENCE_MASK
 
     def append(self, src, offsets, lengths, timestamps, defer_ms=0):
         """Append n messages (all or nothing). Returns False when the log is full and nothing was appended."""

@@ -111,6 +111,7 @@ class Worker:
     def run(self, ready_fd):
         signal.signal(signal.SIGINT, signal.SIG_IGN)
         self.loop.add_signal_handler(signal.SIGTERM, self.stop)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.dump_state)
         self.loop.add_reader(self.inbox.fileno(), self._on_handoff)
         self.loop.add_reader(self.links.eventfd(self.index), self._on_wake)
         self.loop.add_idle(self._idle)
@@ -130,6 +131,15 @@ class Worker:
         for t in list(self.topics.values()):
             t.destroy()
         self.loop.stop()
+
+    def dump_state(self):
+        """SIGUSR1: one log line per owned channel and its consumers (a debugging aid for operators)."""
+        for t in self.topics.values():
+            for ch in t.channels.values():
+                cons = ", ".join(f"{c.remote_text} rdy={c.rdy} in_flight={c.in_flight}" for c in ch.consumers)
+                self.log.info(f"worker {self.index}: {t.name}/{ch.name} depth={t.log.depth(ch.ch)} "
+                              f"requeued={len(ch.requeued)} live_slots={len(self.inflight)} "
+                              f"pending={ch in self.pending} consumers=[{cons}]")
 
     def _on_wake(self):
         self.links.awake(self.index)
@@ -450,6 +460,10 @@ class Worker:
                 ch.paused = cd["paused"]
                 t.channels[ch.name] = ch
                 self.channels_by_key[ch.key] = ch
+            known = {c.ch for c in t.channels.values()}
+            for slot in t.log.open_channels():
+                if slot not in known:  # opened by the dead process just before it could record it
+                    t.log.close_channel(slot)
         table = self.inflight
         self._send_scanner(RESET, b"")
         deferred, dues = [], []

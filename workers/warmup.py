@@ -1,0 +1,104 @@
+"""Compile (or load from numba's cache) every kernel of the broker's hot paths once, in the supervisor, before it
+forks: the children inherit the machine code, so none of them stalls its first client for the hundreds of
+milliseconds a kernel takes to load, or seconds to compile on a cold cache, and a restarted child is ready at
+once. Each step drives the real classes on throwaway memory with the argument types production uses.
+"""
+import time
+
+import numpy as np
+
+from ipc.heap import TimerHeap, heap_nbytes
+from ipc.inflight import InFlightTable, inflight_nbytes
+from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from ipc.ring import Ring
+from ipc.shm import Segment, unlink_name
+from ipc.wake import Wakeups
+from nsqpy.protocol import client as enc
+from nsqpy.protocol.ids import IdGenerator
+from nsqpy.protocol.v2_parser import V2Parser
+from workers import kernels as K
+from workers.scanner import apply_removes, apply_starts
+
+ID = b"0123456789abcdef"
+
+
+def _protocol():
+    stream = (b"  V2" + enc.sub("t", "c") + enc.rdy(5) + enc.rdy(6) + enc.fin(ID) + enc.fin(ID) + enc.fin(ID)
+              + enc.req(ID, 0) + enc.touch(ID) + enc.nop())
+    V2Parser(stop_after_sub=True).feed(stream)
+    V2Parser(expect_magic=False).feed(enc.mpub("t", [b"a", b"bc"]) + enc.pub("t", b"x") + enc.dpub("t", 5, b"y"))
+    IdGenerator(1).next_ids(4, time.time_ns())
+
+
+def _rings():
+    buf = bytearray(Ring.size_for(1 << 12))
+    ring = Ring.create(buf, 0, 1 << 12)
+    ring.write(b"abc", 1)
+    ring.read_batch(16)
+    ring.release()
+    ring.readable()
+    ring.free()
+    wake = Wakeups.create(bytearray(Wakeups.size_for(1)), 0, [-1])
+    wake.prepare_sleep(0, lambda: True)
+    wake.notify(0) if False else None
+
+
+def _timers():
+    heap = TimerHeap.create(bytearray(heap_nbytes(64, 64)), 0, 64, 64)
+    apply_starts(heap.ctl, heap.keys, heap.vals, heap.pos, np.zeros(64, np.int64),
+                 np.array([[1, 1, 10], [2, 1, 20]], np.int64))
+    apply_removes(heap.ctl, heap.keys, heap.vals, heap.pos, np.array([2], np.int64))
+    heap.peek_and_shift(100, np.empty(8, np.int64), np.empty(8, np.int64))
+    heap.clear()
+
+
+def _inflight():
+    table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
+    ids = np.array([11, 12, 13], np.uint64).view(np.int64)
+    slots = np.empty(3, np.int64)
+    table.start_batch(1, 1, 5, 0, 10, ids, np.array([0, 8, 16], np.int64), np.ones(3, np.int64), slots)
+    table.finish_batch(1, ids[:1], 5, np.empty(1, np.int64), np.empty(1, np.int64))
+    s = table.lookup(1, 12, 5)
+    table.touch(s, 20)
+    table.requeue(s, 0)
+    table.redeliver(s, 5, 0, 30)
+    table.iter_conn(5)
+    K.generations(table, slots[1:])
+    K.low_water(table.slots, 1, np.full(4, 1 << 62, np.int64))
+    K.slots_of_channel(table.slots, 1, np.empty(4, np.int64))
+    table.recover()
+
+
+def _log(prefix):
+    size = 1 << 20
+    ctrl = Segment.create(f"{prefix}-warmup-ctrl", log_ctrl_nbytes(size, size))
+    memory = ShmSegmentProvider(f"{prefix}-warmup-log")
+    log = MessageLog.create(ctrl.buf, 0, segment_size=size, mem_bytes=size, memory=memory)
+    try:
+        ch = log.open_channel()
+        src = np.frombuffer(b"hello world", np.uint8)
+        n = 2
+        log.append_batch(src, np.array([0, 6], np.int64), np.array([5, 5], np.int64), np.zeros(n, np.int64),
+                         np.array([1, 2], np.int64), None)
+        b = log.read(ch, 8, 1 << 20)
+        log.write_frames(np.empty(1024, np.uint8), 0, b.positions[:b.n], b.attempts[:b.n] + 1)
+        log.advance(ch, b.next_position)
+        log.copy_forward(ch, b.positions[:1], 1)
+        log.depth(ch)
+        log.set_low_water(ch, int(b.positions[0]))
+        log.reclaim()
+        MessageLog.attach(ctrl.buf, 0, memory).recover()
+    finally:
+        log.destroy()
+        ctrl.close()
+        ctrl.unlink()
+        unlink_name(f"{prefix}-warmup-ctrl")
+
+
+def warm_up(prefix):
+    """prefix: this broker's segment-name prefix (the log step needs real shared memory briefly)."""
+    _protocol()
+    _rings()
+    _timers()
+    _inflight()
+    _log(prefix.rstrip("-"))
