@@ -3,6 +3,8 @@
 ``nsqd_factory(*flags)`` starts one and returns an ``Nsqd`` handle; every broker started in a test is stopped
 with SIGTERM at teardown, must exit 0 within its deadline, and must leave no shared-memory segment behind.
 Output is collected by a reader thread, so tests can wait on log lines (``wait_for_line``) with a deadline.
+``shared_nsqd`` / ``module_nsqd_factory`` do the same once per test module, for tests that keep to their own
+topic names (start-up costs seconds; one broker per test would make the suite minutes long).
 """
 from __future__ import annotations
 
@@ -89,20 +91,19 @@ class Nsqd:
         return [e for e in os.listdir("/dev/shm") if e.startswith(prefix)]
 
 
-@pytest.fixture
-def nsqd_factory(tmp_path):
-    started: list[Nsqd] = []
-
+def _factory(base, started):
     def start(*flags, workers=2, node_id=7):
-        data = tmp_path / f"data{len(started)}"
+        data = base / f"data{len(started)}"
         data.mkdir()
         args = ["--tcp-address=127.0.0.1:0", f"--data-path={data}", f"--workers={workers}",
                 f"--node-id={node_id}", *flags]
         n = Nsqd(args, str(data), node_id)
         started.append(n)
         return n
+    return start
 
-    yield start
+
+def _stop_all(started):
     problems = []
     for n in started:
         code = n.stop()
@@ -118,5 +119,27 @@ def nsqd_factory(tmp_path):
 
 
 @pytest.fixture
+def nsqd_factory(tmp_path):
+    started: list[Nsqd] = []
+    yield _factory(tmp_path, started)
+    _stop_all(started)
+
+
+@pytest.fixture
 def nsqd(nsqd_factory):
     return nsqd_factory()
+
+
+@pytest.fixture(scope="module")
+def module_nsqd_factory(tmp_path_factory):
+    """Like ``nsqd_factory``, but the brokers live for the whole test module (start-up takes seconds). Only for
+    tests that keep to their own topic names, so that they cannot see each other's messages."""
+    started: list[Nsqd] = []
+    yield _factory(tmp_path_factory.mktemp("nsqd"), started)
+    _stop_all(started)
+
+
+@pytest.fixture(scope="module")
+def shared_nsqd(module_nsqd_factory):
+    """One default broker (two workers) per test module."""
+    return module_nsqd_factory()
