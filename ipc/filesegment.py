@@ -89,7 +89,7 @@ class FileSegment:
             mapping = mmap.mmap(fd, length)
         finally:
             os.close(fd)
-        hdr = words(mapping, 0, HEADER_WORDS)
+        hdr = words(mapping, 0, HEADER_WORDS).copy()  # a copy: a traceback must not pin the mapping
         try:
             found = check_header(hdr, FILE_MAGIC, FILE_VERSION, size, (tag, tag_version),
                                  what=f"file segment {path}")
@@ -97,7 +97,6 @@ class FileSegment:
                 raise LayoutError(f"file segment {path}: header claims {found[0]} payload bytes, file has "
                                   f"{length - PAYLOAD_OFFSET}")
         except LayoutError:
-            del hdr
             mapping.close()
             raise
         return cls(path, mapping)

@@ -293,7 +293,8 @@ class MessageLog(LogCounters):
         py_store_release(self.ctrl, slot, k << 1 | tier)
 
     def _release(self, k: int, tier: int) -> None:
-        self.window.unmap(k)
+        if self.window is not None:  # destroy() also works on a closed handle
+            self.window.unmap(k)
         self._providers[tier].unlink(k)
         py_store_release(self.ctrl, table_at(self.channels) + k % self.slots, EMPTY)
         self._count[tier] = max(0, self._count[tier] - 1)

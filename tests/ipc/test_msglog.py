@@ -3,6 +3,8 @@ tests of framing, torn appends and the layout checks."""
 import itertools
 import mmap
 import os
+import select
+import signal
 import struct
 
 import numpy as np
@@ -277,3 +279,100 @@ def test_log_matches_model(ops, ephemeral, shm_prefix, tmp_path_factory):
     finally:
         log.destroy()
     assert not [e for e in os.listdir("/dev/shm") if e.startswith(prefix + ".")] and not os.listdir(tmp_path)
+
+
+@pytest.fixture
+def small_log(shm_prefix, tmp_path):
+    log, ctrl = open_log(shm_prefix, tmp_path, DISK)
+    yield log, ctrl, shm_prefix, tmp_path
+    log.destroy()
+
+
+def test_frame_bytes_exact(small_log):
+    log, *_ = small_log
+    pos = log.append(b"hello", 0x0102030405060708, 0xABCDEF0123456789 - (1 << 64))
+    out = np.zeros(64, dtype=np.uint8)
+    end = log.write_frames(out, 3, np.array([pos]), np.array([2]))
+    assert out[3:end].tobytes() == (b"\x00\x00\x00\x23" b"\x00\x00\x00\x02" b"\x01\x02\x03\x04\x05\x06\x07\x08"
+                                    b"\x00\x02" b"abcdef0123456789" b"hello")
+    with pytest.raises(ValueError):
+        log.write_frames(out, 40, np.array([pos]), np.array([2]))
+
+
+def test_torn_batch_is_invisible_and_overwritten(small_log):
+    """An owner killed inside append_batch leaves bodies and commit words after the gate; recovery drops them."""
+    log, ctrl, prefix, tmp_path = small_log
+    ch = log.open_channel()
+    log.append(b"kept", 1, 1)
+    head = log.head
+    data64 = log.window.data64
+    data64[head // 8 + 1: head // 8 + 200] = 0x5A5A5A5A  # headers and bodies of a torn batch
+    data64[head // 8 + 6] = 0x30  # a later record of it committed, its gate (at head) not
+    log.close()
+    log = open_log(prefix, tmp_path, DISK, create=False, ctrl=ctrl)
+    assert log.recover() == head and log.depth(ch) == 1
+    assert not log.window.data64[head // 8: head // 8 + 200].any()
+    log.append(b"next", 2, 2)
+    log.close()
+    log = open_log(prefix, tmp_path, DISK, create=False, ctrl=ctrl)
+    log.recover()
+    b = log.read(ch, 10, 1000)
+    assert [log.body(int(p)) for p in b.positions[:b.n]] == [b"kept", b"next"] and log.last_id == 2
+    log.close()
+
+
+def test_too_big_and_layout_checks(small_log, tmp_path):
+    log, ctrl, prefix, _ = small_log
+    with pytest.raises(ValueError):
+        log.append(b"x" * S, 0, 0)
+    with pytest.raises(LayoutError):
+        MessageLog.attach(bytearray(len(ctrl)), 64, ShmSegmentProvider(prefix))
+    path = str(tmp_path / "f.seg")
+    seg = FileSegment.create(path, 8192, tag=7, tag_version=1)
+    seg.buf[:4] = 9
+    seg.close()
+    with pytest.raises(LayoutError):
+        FileSegment.attach(path, 8192, tag=8)
+    with FileSegment.attach(path, 8192, tag=7, tag_version=1) as again:
+        assert again.buf[3] == 9 and again.tag == (7, 1)
+    FileSegment.attach(path).unlink()
+    assert not os.path.exists(path)
+
+
+def test_counters_from_another_process(small_log):
+    """A stats reader in another process sees consistent depth while the owner appends and consumes."""
+    log, ctrl, *_ = small_log
+    ch = log.open_channel()
+    total = 3000
+    rfd, wfd = os.pipe()
+    pid = os.fork()
+    if pid == 0:
+        ok = 0
+        try:
+            from ipc.msglog import LogCounters
+            view = LogCounters(ctrl, 64)
+            os.write(wfd, b"r")
+            while True:
+                depth, count = view.depth(ch), view.message_count
+                if not 0 <= depth <= count:
+                    break
+                if count == total:
+                    ok = 1
+                    break
+        finally:
+            os.write(wfd, bytes([ok]))
+            os._exit(0)
+    os.close(wfd)
+    try:
+        assert os.read(rfd, 1) == b"r"
+        for i in range(total):
+            log.append(b"m", i, i + 1)
+            if i % 7 == 0:
+                log.advance(ch, log.read(ch, 10, 1000).next_position)
+                log.set_low_water(ch, log.cursor(ch))
+        ready, _, _ = select.select([rfd], [], [], 60)
+        assert ready and os.read(rfd, 1) == b"\x01"
+    finally:
+        os.kill(pid, signal.SIGKILL)
+        os.waitpid(pid, 0)
+        os.close(rfd)
