@@ -194,3 +194,27 @@ def test_sample_rate_delivers_about_that_share(addr):
         assert {t for t, _ in got} <= {2}
     # dropped for this channel, not redelivered: P(outside 120..280 | p=0.51, n=400) is below 1e-12
     assert 120 <= len(got) <= 280, len(got)
+
+
+def test_ephemeral_channel_goes_with_its_last_consumer(shared_nsqd, addr):
+    """Messages held by an #ephemeral channel die with it: a consumer arriving later starts empty. (Deleting the
+    last channel of an #ephemeral topic deletes the topic too, and that log line says when it happened.)"""
+    topic = unique() + "#ephemeral"
+    mark = len(shared_nsqd.lines)
+    c = consumer(addr, topic, "ch#ephemeral", rdy=0)
+    producer(addr, topic, b"old1", b"old2")
+    c.close()
+    shared_nsqd.wait_for_line(rf"TOPIC\({re.escape(topic)}\): deleted", start=mark)
+    with consumer(addr, topic, "ch#ephemeral", rdy=10) as d:
+        producer(addr, topic, b"new")
+        assert d.read_message().body == b"new"
+        d.expect_no_frame(0.3)
+
+
+def test_ephemeral_channel_is_kept_while_it_has_consumers(addr):
+    topic = unique()
+    with consumer(addr, topic, "ch#ephemeral", rdy=10) as a:
+        with consumer(addr, topic, "ch#ephemeral", rdy=0):
+            pass
+        producer(addr, topic, b"kept")
+        assert a.read_message().body == b"kept"

@@ -1,0 +1,71 @@
+"""The limits of spec 1.11 set by flags, seen over TCP: one broker with small limits for the whole module."""
+import pytest
+
+from nsqpy.protocol import client as C
+from wire import Conn, consumer, producer, unique
+
+FLAGS = ["--max-channel-consumers=1", "--max-msg-size=100", "--max-body-size=1000", "--max-rdy-count=10",
+         "--max-req-timeout=5s", "--max-msg-timeout=3s", "--max-heartbeat-interval=5s"]
+
+
+@pytest.fixture(scope="module")
+def addr(module_nsqd_factory):
+    return module_nsqd_factory(*FLAGS).address
+
+
+def test_max_channel_consumers(addr):
+    topic = unique()
+    with consumer(addr, topic, "ch") as first, Conn(addr) as second:
+        second.send(C.sub(topic, "ch"))
+        second.expect_fatal("E_SUB_FAILED")
+        with consumer(addr, topic, "other"):  # the limit is per channel
+            pass
+        first.send(C.rdy(1))
+        producer(addr, topic, b"still served")
+        assert first.read_message().body == b"still served"
+
+
+def test_max_channel_consumers_frees_a_place_on_disconnect(addr):
+    topic = unique()
+    consumer(addr, topic, "ch").close()
+    # the broker may see the close after the next SUB: retrying is what a client does, and it must succeed
+    for _ in range(50):
+        with Conn(addr) as c:
+            c.send(C.sub(topic, "ch"))
+            frame = c.expect_frame()
+            if frame == (0, b"OK"):
+                return
+            assert frame[1].startswith(b"E_SUB_FAILED"), frame
+            c.expect_closed()
+    raise AssertionError("the channel never had room again")
+
+
+@pytest.mark.parametrize("data, text", [
+    (C.pub("t", b"x" * 101), "E_BAD_MESSAGE PUB message too big 101 > 100"),
+    (C.dpub("t", 1, b"x" * 101), "E_BAD_MESSAGE DPUB message too big 101 > 100"),
+    (C.mpub("t", [b"x" * 101]), "E_BAD_MESSAGE MPUB message too big 101 > 100"),
+    (b"MPUB t\n" + (1001).to_bytes(4, "big"), "E_BAD_BODY MPUB body too big 1001 > 1000"),
+    (b"MPUB t\n" + (8).to_bytes(4, "big") + (200).to_bytes(4, "big"), "E_BAD_BODY MPUB invalid message count 200"),
+    (b"IDENTIFY\n" + (1001).to_bytes(4, "big"), "E_BAD_BODY IDENTIFY body too big 1001 > 1000"),
+    (C.dpub("t", 5001, b"x"), "E_INVALID DPUB timeout 5001 out of range 0-5000"),
+    (C.identify({"msg_timeout": 3001}), "E_BAD_BODY IDENTIFY msg timeout (3001) is invalid"),
+    (C.identify({"heartbeat_interval": 5001}), "E_BAD_BODY IDENTIFY heartbeat interval (5001) is invalid"),
+])
+def test_limits_from_flags(addr, data, text):
+    with Conn(addr) as c:
+        c.send(data)
+        c.expect_fatal(text.split(" ", 1)[0], text)
+
+
+def test_at_the_limits_is_fine(addr):
+    topic = unique()
+    with Conn(addr) as c:
+        reply = c.identify(feature_negotiation=True, msg_timeout=3000, heartbeat_interval=5000)
+        assert (reply["max_rdy_count"], reply["max_msg_timeout"], reply["msg_timeout"]) == (10, 3000, 3000)
+        c.send(C.pub(topic, b"x" * 100), C.dpub(topic, 5000, b"y"), C.mpub(topic, [b"z" * 100] * 9))
+        for _ in range(3):
+            c.expect_response()
+        c.subscribe(topic, "ch", rdy=10)
+        assert len(c.read_messages(10)) == 10
+        c.send(C.rdy(11))
+        c.expect_fatal("E_INVALID", "E_INVALID RDY count 11 out of range 0-10")
