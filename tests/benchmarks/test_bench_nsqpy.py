@@ -1,0 +1,67 @@
+"""Smoke runs of every benchmark tool against a live nsqpy (about a second each): valid JSON, non-zero rates,
+no errors, and no message lost: the reader, told how many to expect, gets exactly what the writer published.
+
+Speed is never asserted here; figures come from the tools run by hand (benchmarks/README.md).
+"""
+from __future__ import annotations
+
+import pytest
+
+from benchmarks.process import ListeningProcess, python_module, run_tool
+
+RUN = ["--runfor", "1s", "--connections", "2", "--no-ceiling"]
+
+
+@pytest.fixture(scope="module")
+def nsqpy(tmp_path_factory):
+    data = tmp_path_factory.mktemp("nsqpy-bench")
+    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", f"--data-path={data}", "--workers=2",
+                         "--node-id=11")
+    with ListeningProcess(argv, ready_timeout=120) as server:
+        yield server
+
+
+def ok(result):
+    assert result["errors"] == 0, result.get("first_error")
+    assert result["msgs"] > 0 and result["ops_per_s"] > 0
+
+
+def test_writer_then_reader_lose_nothing(nsqpy):
+    code, wrote = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", nsqpy.address_text, *RUN,
+                           "--topic", "smoke_mpub", timeout=120)
+    assert code == 0
+    ok(wrote)
+    code, read = run_tool("benchmarks.bench_reader", "--nsqd-tcp-address", nsqpy.address_text, "--topic",
+                          "smoke_mpub", "--connections", "2", "--no-ceiling", "--runfor", "60s",
+                          "--count", str(wrote["msgs"]), timeout=180)
+    assert code == 0
+    ok(read)
+    assert read["msgs"] == wrote["msgs"]
+
+
+def test_single_pub_writer(nsqpy):
+    code, wrote = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", nsqpy.address_text, *RUN,
+                           "--batch-size", "1", "--topic", "smoke_pub", timeout=120)
+    assert code == 0
+    ok(wrote)
+    assert wrote["batch_size"] == 1
+
+
+def test_latency(nsqpy):
+    code, result = run_tool("benchmarks.latency", "--nsqd-tcp-address", nsqpy.address_text, "--runfor", "1s",
+                            "--rates", "1000", "--no-ceiling", "--topic", "smoke_latency", timeout=120)
+    assert code == 0
+    assert result["errors"] == 0
+    (phase,) = result["phases"]
+    assert phase["lost"] == 0 and phase["received"] == phase["sent"] > 0
+    assert 0 < phase["p50_us"] <= phase["p99_us"] <= phase["max_us"]
+
+
+def test_compare_starts_nsqpy_itself(tmp_path):
+    code, result = run_tool("benchmarks.compare", "--rounds", "1", "--runfor", "1s", "--latency-rate", "1000",
+                            "--out", str(tmp_path / "c.json"), timeout=300)
+    assert code == 0
+    assert result["errors"] == 0
+    assert {r["scenario"] for r in result["runs"]} == {"writer", "reader", "pub", "latency"}
+    assert all(r["result"]["errors"] == 0 for r in result["runs"])
+    assert all(v["nsqpy"] > 0 for v in result["medians"].values())
