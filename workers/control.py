@@ -64,4 +64,4 @@ class Control:
         py_fetch_add(self.w, SCANNER_EPOCH, 1)
 
     def scanner_epoch(self):
-        return int(py_load_acquire(self.w, SCANNER_EPOCH))
+        return int(self.w[SCANNER_EPOCH])  # read every loop iteration: a plain (x86: acquire) load is enough
