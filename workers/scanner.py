@@ -82,6 +82,7 @@ class Scanner:
             apply_removes(h.ctl, h.keys, h.vals, h.pos, np.frombuffer(payload, np.int64))
         elif rtype == RESET:
             h.clear()
+        return True  # handled: the ring may release it
 
     def sweep(self, now_ns):
         """Post EXPIRED for every due entry; returns the earliest remaining key (or None)."""
