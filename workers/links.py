@@ -82,8 +82,9 @@ class Link:
         return ctl[P_TAIL] == ctl[C_READ]
 
     def drain(self, handle, max_records=DRAIN_BATCH):
-        """Call handle(rtype, payload) for committed records in order; a record is released only after handle
-        returned True. A False stops the drain, and that record is offered again next time. -> records done."""
+        """Call handle(rtype, payload) for committed records in order; a record is released once handle returned.
+        A handler that returns False (exactly: it cannot take the record now, e.g. the log is full) stops the
+        drain, and that record is offered again next time. -> records done."""
         ring = self.ring
         if ring.ctl[P_TAIL] == ring.ctl[C_READ]:
             return 0
@@ -97,7 +98,7 @@ class Link:
         end = head
         for k in range(n):
             off, length = int(offs[k]), int(lens[k])
-            if not handle(int(types[k]), data[off:off + length]):
+            if handle(int(types[k]), data[off:off + length]) is False:
                 break
             start_idx = off - HEADER_BYTES
             pos = end + ((start_idx - (end & self.mask)) & self.mask)  # skips any padding before it
