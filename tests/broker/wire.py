@@ -7,6 +7,7 @@ send a command whose reply orders the stream where they can, and use the window 
 """
 from __future__ import annotations
 
+import errno
 import itertools
 import json
 import os
@@ -34,13 +35,18 @@ def unique(prefix="t"):
 class Conn:
     """One TCP connection to the broker: send raw bytes, read frames with deadlines."""
 
-    def __init__(self, address, magic=True):
-        self.sock = socket.create_connection(address, timeout=DEADLINE)
+    def __init__(self, address, magic=True, rcvbuf=None):
+        self.sock = socket.socket(socket.AF_INET6 if ":" in address[0] else socket.AF_INET, socket.SOCK_STREAM)
+        if rcvbuf:  # before connect, so that the window is small from the start
+            self.sock.setsockopt(socket.SOL_SOCKET, socket.SO_RCVBUF, rcvbuf)
+        self.sock.settimeout(DEADLINE)
+        self.sock.connect(address)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.decoder = C.FrameDecoder()
         self.frames = []
         self.heartbeats = 0
         self.eof = False
+        self.reset = False  # the broker closed with a reset (RST), which may have destroyed unread data
         if magic:
             self.send(C.magic())
 
@@ -58,7 +64,20 @@ class Conn:
 
     def half_close(self):
         """No more bytes from us: the broker reads EOF and closes its side once it has answered."""
-        self.sock.shutdown(socket.SHUT_WR)
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError as e:
+            if e.errno != errno.ENOTCONN:  # the broker has already reset the connection
+                raise
+
+    def send_until_reset(self, chunks):
+        """Send chunk after chunk, stopping quietly if the broker closed the connection (it may, after a fatal
+        error, and then resets it because some of what we sent was never read)."""
+        for chunk in chunks:
+            try:
+                self.sock.sendall(chunk)
+            except (BrokenPipeError, ConnectionResetError):
+                return
 
     # ---- reading -----------------------------------------------------------------------------------
     def _fill(self, deadline):
@@ -72,6 +91,7 @@ class Conn:
         except socket.timeout:
             return False
         except ConnectionResetError:
+            self.reset = True
             data = b""
         if not data:
             self.eof = True
@@ -101,13 +121,13 @@ class Conn:
 
     def expect_response(self, data=b"OK", timeout=DEADLINE):
         frame = self.expect_frame(timeout)
-        assert frame == (FRAME_RESPONSE, data), f"expected response {data!r}, got {frame!r}"
+        assert frame == (FRAME_RESPONSE, data), f"expected response {data!r}, got {frame!r:.300}"
         return frame[1]
 
     def expect_error(self, code, text=None, timeout=DEADLINE):
         """The next frame is an error frame with this code (and, if given, exactly this full text)."""
         frame = self.expect_frame(timeout)
-        assert frame[0] == FRAME_ERROR, f"expected error {code}, got {frame!r}"
+        assert frame[0] == FRAME_ERROR, f"expected error {code}, got {frame!r:.300}"
         data = frame[1].decode("utf-8", "replace")
         assert data.split(" ", 1)[0] == code, f"expected {code}, got {data!r}"
         if text is not None:
@@ -122,7 +142,7 @@ class Conn:
 
     def expect_closed(self, timeout=DEADLINE):
         frame = self.next_frame(timeout)
-        assert frame is None, f"expected the connection to be closed, got {frame!r}"
+        assert frame is None, f"expected the connection to be closed, got {frame!r:.300}"
 
     def expect_no_frame(self, within=0.3):
         """Nothing but heartbeats arrives within the window and the connection stays open."""
@@ -134,17 +154,18 @@ class Conn:
                     self.frames.pop(0)
                     self.heartbeats += 1
                     continue
-                raise AssertionError(f"expected nothing, got {frame!r}")
+                raise AssertionError(f"expected nothing, got {frame!r:.300}")
             assert not self.eof, "expected the connection to stay open"
             self._fill(deadline)
-        assert not self.frames and not self.eof, f"expected nothing, got {self.frames!r} eof={self.eof}"
+        assert not self.frames and not self.eof, f"expected nothing, got {self.frames[:3]!r:.300} eof={self.eof}"
 
     def read_until_closed(self, timeout=DEADLINE):
         """Every frame (heartbeats included) until the broker closes the connection."""
         deadline = time.monotonic() + timeout
         while not self.eof:
             if not self._fill(deadline):
-                raise AssertionError(f"not closed within {timeout}s; frames so far {self.frames!r}")
+                raise AssertionError(f"not closed within {timeout}s; {len(self.frames)} frames so far, the last "
+                                     f"ones {[(t, d[:60]) for t, d in self.frames[-3:]]}")
         frames, self.frames = self.frames, []
         return frames
 
@@ -164,7 +185,7 @@ class Conn:
 
     def read_message(self, timeout=DEADLINE):
         frame = self.expect_frame(timeout)
-        assert frame[0] == FRAME_MESSAGE, f"expected a message, got {frame!r}"
+        assert frame[0] == FRAME_MESSAGE, f"expected a message, got {frame!r:.300}"
         return C.decode_message(frame[1])
 
     def read_messages(self, n, timeout=DEADLINE):
