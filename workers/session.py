@@ -6,7 +6,10 @@ are parsed in one ``feed`` (FIN runs and MPUBs come out as batch commands) and h
 appended to ``wbuf`` and the session is marked dirty; the worker flushes every dirty session once per loop
 iteration, so a pipelined burst of PUBs is answered with one ``send``. Message frames are written by the channel
 straight into the same buffer. Handlers raise ``ProtocolError``; ``_fail`` is the one boundary that turns an error
-into an error frame and, when it is fatal, closes the connection once the frame is flushed.
+into an error frame and, when it is fatal, closes the connection once the frame is flushed (replies still queued
+before it go out first, also for a silent drop). Until then the socket is still read, but what arrives is
+discarded: the parser takes nothing after a fatal error, and closing with unread bytes would be a reset that
+destroys what the client has not read yet.
 
 Heartbeats: one timer per session fires every heartbeat interval; it drops the connection when nothing was read
 for two intervals (NSQ's read deadline) and otherwise sends ``_heartbeat_`` to every client, producers included.
@@ -82,6 +85,11 @@ class Session:
         if not data:
             self.close()
             return
+        if self.closing_after_flush:
+            # After a fatal error nothing more is parsed (the parser refuses input), but reading on until the
+            # close keeps unread bytes from turning it into a reset that would destroy the error frame and
+            # whatever else the client has not read yet. Discarded bytes do not count as reads for the deadline.
+            return
         self.last_read = time.monotonic()
         self.handle_bytes(data)
 
@@ -148,7 +156,7 @@ class Session:
         if err.fatal:
             self.worker.log.debug(f"[{self.remote_text}] fatal error: {err}")
             self.closing_after_flush = True
-            if not frame:
+            if not self.wbuf:  # a silent drop with nothing pending; otherwise the flush closes, replies first
                 self.close()
 
     @property
@@ -173,7 +181,8 @@ class Session:
             self.worker.log.info(f"PROTOCOL(V2): [{self.remote_text}] read timeout; closing")
             self.close()
             return
-        self.write(HEARTBEAT_FRAME)
+        if not self.closing_after_flush:  # nothing may follow a fatal error frame
+            self.write(HEARTBEAT_FRAME)
         self._arm_heartbeat()
 
     # ---- handlers (one per verb; the parser already checked state, params, names, sizes) ---------------
