@@ -1,8 +1,10 @@
 """The limits of spec 1.11 set by flags, seen over TCP: one broker with small limits for the whole module."""
+import time
+
 import pytest
 
 from nsqpy.protocol import client as C
-from wire import Conn, consumer, producer, unique
+from wire import Conn, consumer, holding, producer, unique
 
 FLAGS = ["--max-channel-consumers=1", "--max-msg-size=100", "--max-body-size=1000", "--max-rdy-count=10",
          "--max-req-timeout=5s", "--max-msg-timeout=3s", "--max-heartbeat-interval=5s"]
@@ -69,3 +71,18 @@ def test_at_the_limits_is_fine(addr):
         assert len(c.read_messages(10)) == 10
         c.send(C.rdy(11))
         c.expect_fatal("E_INVALID", "E_INVALID RDY count 11 out of range 0-10")
+
+
+def test_touch_cannot_extend_past_max_msg_timeout(addr):
+    """msg_timeout 2 s, --max-msg-timeout 3 s: TOUCHes every 0.9 s would keep the message until 4.7 s, but the
+    total is capped at delivery + 3 s, when it times out and comes back."""
+    _, c, [m] = holding(addr, b"touched", msg_timeout=2000)
+    t0 = time.monotonic()
+    with c:
+        for _ in range(3):
+            c.expect_no_frame(0.9)
+            c.send(C.touch(m.id))
+        again = c.read_message(timeout=1.5)
+        elapsed = time.monotonic() - t0
+        assert (again.id, again.attempts) == (m.id, 2)
+        assert 2.9 <= elapsed < 4.5, elapsed
