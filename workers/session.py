@@ -11,8 +11,8 @@ before it go out first, also for a silent drop). Until then the socket is still 
 discarded: the parser takes nothing after a fatal error, and closing with unread bytes would be a reset that
 destroys what the client has not read yet.
 
-Heartbeats: one timer per session fires every heartbeat interval; it drops the connection when nothing was read
-for two intervals (NSQ's read deadline) and otherwise sends ``_heartbeat_`` to every client, producers included.
+Heartbeats: one timer per session sends ``_heartbeat_`` every heartbeat interval to every client, producers
+included, and drops the connection when nothing was read for two intervals (NSQ's read deadline).
 
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
 beyond NSQ here), leaves its channel, forgets the fd in the loop and closes the socket.
@@ -56,6 +56,7 @@ class Session:
         self.pub_counts = {}
         self.last_read = time.monotonic()
         self._hb_timer = None
+        self._next_heartbeat = None
         self._dispatch = {
             C.Identify: self.on_identify, C.Auth: self.on_auth, C.Sub: self.on_sub, C.Pub: self.on_pub,
             C.Mpub: self.on_mpub, C.Dpub: self.on_dpub, C.Rdy: self.on_rdy, C.Fin: self.on_fin,
@@ -165,25 +166,38 @@ class Session:
 
     # ---- heartbeats ------------------------------------------------------------------------------------
     def _arm_heartbeat(self):
+        """(Re)start the schedule: the next ``_heartbeat_`` one interval from now (at start and after IDENTIFY)."""
+        interval = self.settings.heartbeat_interval_ms / 1000.0
+        self._next_heartbeat = time.monotonic() + interval if interval > 0 else None
+        self._schedule_heartbeat()
+
+    def _schedule_heartbeat(self):
+        """One timer serves both the next heartbeat and the read deadline (2 intervals after the last read), so
+        a silent client is dropped when its deadline passes, not up to an interval later at a heartbeat tick."""
         if self._hb_timer is not None:
             self._hb_timer.cancel()
             self._hb_timer = None
-        interval = self.settings.heartbeat_interval_ms / 1000.0
-        if interval > 0:
-            self._hb_timer = self.worker.loop.call_later(interval, self._on_heartbeat)
+        if self._next_heartbeat is None:
+            return
+        deadline = self.last_read + 2 * self.settings.heartbeat_interval_ms / 1000.0
+        delay = min(self._next_heartbeat, deadline) - time.monotonic()
+        self._hb_timer = self.worker.loop.call_later(max(0.0, delay), self._on_heartbeat)
 
     def _on_heartbeat(self):
         self._hb_timer = None
         if self.closed:
             return
         interval = self.settings.heartbeat_interval_ms / 1000.0
-        if time.monotonic() - self.last_read > 2 * interval:
+        now = time.monotonic()
+        if now - self.last_read >= 2 * interval:
             self.worker.log.info(f"PROTOCOL(V2): [{self.remote_text}] read timeout; closing")
             self.close()
             return
-        if not self.closing_after_flush:  # nothing may follow a fatal error frame
-            self.write(HEARTBEAT_FRAME)
-        self._arm_heartbeat()
+        if now >= self._next_heartbeat:
+            if not self.closing_after_flush:  # nothing may follow a fatal error frame
+                self.write(HEARTBEAT_FRAME)
+            self._next_heartbeat = max(self._next_heartbeat + interval, now)
+        self._schedule_heartbeat()
 
     # ---- handlers (one per verb; the parser already checked state, params, names, sizes) ---------------
     def on_identify(self, cmd):
