@@ -23,7 +23,6 @@ from workers.channel import Channel
 
 SEGMENT_SIZE = 8 << 20
 MEM_BYTES_PER_MESSAGE = 1024
-DISK_BYTES = 4 << 30      # per topic: each log reserves address space for its whole budget (ipc.msglog_window)
 
 
 def name_hash(name):
@@ -53,7 +52,7 @@ class Topic:
         self.disk = None if self.ephemeral else FileSegmentProvider(self.worker.data_path, f"nsqpy-{h:x}")
         mem_bytes = max(SEGMENT_SIZE, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // SEGMENT_SIZE)
                         * SEGMENT_SIZE)
-        disk_bytes = 0 if self.ephemeral else DISK_BYTES
+        disk_bytes = 0 if self.ephemeral else opts.max_disk_bytes_per_topic
         ctrl_name = segment_name(self.worker.data_path, opts.node_id, "topic", h)
         if not restarted:
             try:

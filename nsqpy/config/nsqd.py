@@ -150,6 +150,9 @@ class NsqdOptions(DaemonOptions):
     workers: int = option(Int(1), None, "nsqpy only: number of broker worker processes sharing the "
                           "listeners (default: the number of CPUs)", factory=lambda: os.cpu_count() or 1,
                           nsqpy_only=True)
+    max_disk_bytes_per_topic: int = option(Int(1 << 20), 16 << 30, "nsqpy only: bytes a topic may keep on disk "
+                                           "beyond its memory queue before PUB fails (each topic reserves twice "
+                                           "this much address space, not memory)", nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.
