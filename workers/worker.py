@@ -25,7 +25,7 @@ import numpy as np
 from ipc import inflight as IF
 from ipc.fdpass import PeerGone
 from ipc.msglog import NO_LOW_WATER
-from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed, SubFailed
+from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed, TooManyChannelConsumers
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.identify import ServerSettings
 from nsqpy.protocol.states import STATE_SUBSCRIBED
@@ -276,7 +276,7 @@ class Worker:
         ch = self.get_topic(topic).get_channel(channel)
         limit = self.opts.max_channel_consumers
         if limit and len(ch.consumers) >= limit:
-            raise SubFailed(f"SUB failed consumers for {topic}:{channel} exceeds limit of {limit}")
+            raise TooManyChannelConsumers(f"channel consumers for {topic}:{channel} exceeds limit of {limit}")
         ch.add_consumer(s)
         s.write(OK_FRAME)
         return None

@@ -15,7 +15,7 @@ from nsqpy.protocol.frames import FRAME_ERROR, encode_frame
 __all__ = [
     "ProtocolError", "DropConnection", "ERROR_CLASSES",
     "BadProtocol", "Invalid", "BadBody", "BadTopic", "BadChannel", "BadMessage",
-    "PubFailed", "MpubFailed", "DpubFailed", "SubFailed", "IdentifyFailed",
+    "PubFailed", "MpubFailed", "DpubFailed", "SubFailed", "TooManyChannelConsumers", "IdentifyFailed",
     "AuthDisabled", "AuthFailed", "AuthFirst", "Unauthorized", "AuthError",
     "FinFailed", "ReqFailed", "TouchFailed",
     "raw_text", "go_quote",
@@ -93,6 +93,8 @@ AuthFailed = _error_class("AuthFailed", "E_AUTH_FAILED")
 AuthFirst = _error_class("AuthFirst", "E_AUTH_FIRST")
 Unauthorized = _error_class("Unauthorized", "E_UNAUTHORIZED")
 AuthError = _error_class("AuthError", "E_AUTH_ERROR")
+# SUB over --max-channel-consumers: nsqd's code sends this code (spec 1.4's table says E_SUB_FAILED; the code wins).
+TooManyChannelConsumers = _error_class("TooManyChannelConsumers", "E_TOO_MANY_CHANNEL_CONSUMERS")
 # The only non-fatal errors: the client keeps its connection (spec 1.4).
 FinFailed = _error_class("FinFailed", "E_FIN_FAILED", fatal=False)
 ReqFailed = _error_class("ReqFailed", "E_REQ_FAILED", fatal=False)
@@ -102,7 +104,7 @@ TouchFailed = _error_class("TouchFailed", "E_TOUCH_FAILED", fatal=False)
 ERROR_CLASSES: dict[str, type[ProtocolError]] = {
     cls.code: cls for cls in (
         BadProtocol, Invalid, BadBody, BadTopic, BadChannel, BadMessage, PubFailed, MpubFailed, DpubFailed,
-        SubFailed, IdentifyFailed, AuthDisabled, AuthFailed, AuthFirst, Unauthorized, AuthError,
+        SubFailed, TooManyChannelConsumers, IdentifyFailed, AuthDisabled, AuthFailed, AuthFirst, Unauthorized, AuthError,
         FinFailed, ReqFailed, TouchFailed)
 }
 

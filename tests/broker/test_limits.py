@@ -19,7 +19,9 @@ def test_max_channel_consumers(addr):
     topic = unique()
     with consumer(addr, topic, "ch") as first, Conn(addr) as second:
         second.send(C.sub(topic, "ch"))
-        second.expect_fatal("E_SUB_FAILED")
+        # nsqd's code (not spec 1.4's table, which says E_SUB_FAILED) sends this code and text
+        second.expect_fatal("E_TOO_MANY_CHANNEL_CONSUMERS",
+                            f"E_TOO_MANY_CHANNEL_CONSUMERS channel consumers for {topic}:ch exceeds limit of 1")
         with consumer(addr, topic, "other"):  # the limit is per channel
             pass
         first.send(C.rdy(1))
@@ -37,7 +39,7 @@ def test_max_channel_consumers_frees_a_place_on_disconnect(addr):
             frame = c.expect_frame()
             if frame == (0, b"OK"):
                 return
-            assert frame[1].startswith(b"E_SUB_FAILED"), frame
+            assert frame[1].startswith(b"E_TOO_MANY_CHANNEL_CONSUMERS"), frame
             c.expect_closed()
     raise AssertionError("the channel never had room again")
 

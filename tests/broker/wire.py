@@ -21,7 +21,7 @@ from nsqpy.protocol.frames import FRAME_ERROR, FRAME_MESSAGE, FRAME_RESPONSE, HE
 # is generous because a broker whose numba cache is cold compiles kernels on first use, which takes seconds.
 DEADLINE = 20.0
 FATAL_CODES = {"E_BAD_PROTOCOL", "E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BAD_CHANNEL", "E_BAD_MESSAGE",
-               "E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED", "E_SUB_FAILED", "E_IDENTIFY_FAILED",
+               "E_PUB_FAILED", "E_MPUB_FAILED", "E_DPUB_FAILED", "E_SUB_FAILED", "E_TOO_MANY_CHANNEL_CONSUMERS", "E_IDENTIFY_FAILED",
                "E_AUTH_DISABLED", "E_AUTH_FAILED", "E_AUTH_FIRST", "E_UNAUTHORIZED", "E_AUTH_ERROR"}
 NON_FATAL_CODES = {"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"}
 _names = itertools.count()

@@ -16,6 +16,7 @@ CATALOGUE = [
     (e.BadMessage, "E_BAD_MESSAGE", True), (e.PubFailed, "E_PUB_FAILED", True),
     (e.MpubFailed, "E_MPUB_FAILED", True), (e.DpubFailed, "E_DPUB_FAILED", True),
     (e.SubFailed, "E_SUB_FAILED", True), (e.IdentifyFailed, "E_IDENTIFY_FAILED", True),
+    (e.TooManyChannelConsumers, "E_TOO_MANY_CHANNEL_CONSUMERS", True),
     (e.AuthDisabled, "E_AUTH_DISABLED", True), (e.AuthFailed, "E_AUTH_FAILED", True),
     (e.AuthFirst, "E_AUTH_FIRST", True), (e.Unauthorized, "E_UNAUTHORIZED", True),
     (e.AuthError, "E_AUTH_ERROR", True),
