@@ -21,10 +21,9 @@ import errno
 import mmap
 import os
 
-import numpy as np
 
-from ipc.layout import HEADER_WORDS, LayoutError, align_up, check_header, magic, stamp_header, words
-from ipc.shm import SegmentError
+from ipc.layout import HEADER_WORDS, LayoutError, align_up, magic, stamp_header, words
+from ipc.shm import MappedPayload, SegmentError, check_mapped_header, reserve_and_map
 
 __all__ = ["FileSegment", "FileSegmentProvider", "PAYLOAD_OFFSET"]
 
@@ -33,25 +32,12 @@ FILE_VERSION = 1
 PAYLOAD_OFFSET = mmap.PAGESIZE
 
 
-def _reserve(fd: int, total: int, path: str) -> None:
-    try:
-        os.ftruncate(fd, total)
-        os.posix_fallocate(fd, 0, total)
-    except OSError as exc:
-        raise SegmentError(exc.errno, f"cannot reserve {total} bytes for {path}: {os.strerror(exc.errno)} "
-                                      f"(is the disk full?)") from exc
-
-
-class FileSegment:
+class FileSegment(MappedPayload):
     """One mapped file segment; ``buf`` is a writable uint8 numpy array of the payload, ``size`` its length."""
 
     def __init__(self, path: str, mapping: mmap.mmap):
+        super().__init__(path, mapping)
         self.path = path
-        self.name = path
-        self._map = mapping
-        self._header = words(mapping, 0, HEADER_WORDS, f"file segment {path}")
-        self.size = int(self._header[2])
-        self.buf = np.frombuffer(mapping, dtype=np.uint8, count=self.size, offset=PAYLOAD_OFFSET)
 
     @classmethod
     def create(cls, path: str, size: int, tag: int = 0, tag_version: int = 0) -> "FileSegment":
@@ -64,8 +50,7 @@ class FileSegment:
         except FileExistsError as exc:
             raise SegmentError(errno.EEXIST, f"file segment {path} already exists") from exc
         try:
-            _reserve(fd, total, path)
-            mapping = mmap.mmap(fd, total)
+            mapping = reserve_and_map(fd, total, path, "is the disk full?")
         except BaseException:
             os.unlink(path)
             raise
@@ -89,16 +74,7 @@ class FileSegment:
             mapping = mmap.mmap(fd, length)
         finally:
             os.close(fd)
-        hdr = words(mapping, 0, HEADER_WORDS).copy()  # a copy: a traceback must not pin the mapping
-        try:
-            found = check_header(hdr, FILE_MAGIC, FILE_VERSION, size, (tag, tag_version),
-                                 what=f"file segment {path}")
-            if PAYLOAD_OFFSET + found[0] > length:
-                raise LayoutError(f"file segment {path}: header claims {found[0]} payload bytes, file has "
-                                  f"{length - PAYLOAD_OFFSET}")
-        except LayoutError:
-            mapping.close()
-            raise
+        check_mapped_header(mapping, FILE_MAGIC, FILE_VERSION, size, (tag, tag_version), f"file segment {path}")
         return cls(path, mapping)
 
     @property
@@ -109,29 +85,11 @@ class FileSegment:
         """Write dirty pages to the disk (msync)."""
         self._map.flush()
 
-    def close(self) -> None:
-        """Unmap (deferred to the garbage collector while numpy views of ``buf`` are alive); idempotent."""
-        if self._map is None:
-            return
-        self.buf = self._header = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass
-        self._map = None
-
     def unlink(self) -> None:
         try:
             os.unlink(self.path)
         except FileNotFoundError:
             pass
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
-
 
 class FileSegmentProvider:
     """Segments ``<directory>/<prefix>.<k>.seg`` of one message log (the disk tier)."""

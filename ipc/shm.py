@@ -39,7 +39,7 @@ from ipc.atomics import py_load_acquire
 from ipc.layout import (HEADER_WORDS, H_MAGIC, H_PARAMS, H_SIZE, LayoutError, align_up, check_header, magic,
                         stamp_header, words)
 
-__all__ = ["Segment", "SegmentError", "LayoutError", "segment_name", "instance_prefix", "find_stale",
+__all__ = ["Segment", "MappedPayload", "reserve_and_map", "check_mapped_header", "SegmentError", "LayoutError", "segment_name", "instance_prefix", "find_stale",
            "list_segments", "unlink_name", "PREFIX", "PAYLOAD_OFFSET"]
 
 PREFIX = "nsqpy"
@@ -88,17 +88,72 @@ def _alive(pid: int, start: int) -> bool:
     return pid > 0 and _start_time(pid) == start
 
 
-class Segment:
-    """One mapped segment. ``buf`` is a writable uint8 numpy array of the payload (offset 0 = first payload
-    byte); ``size`` its length in bytes."""
+class MappedPayload:
+    """A mapping that starts with a layout header page, payload after it: what Segment (/dev/shm) and
+    ipc.filesegment.FileSegment (disk) share. ``buf`` is a writable uint8 view of the payload."""
 
-    def __init__(self, name: str, mapping: mmap.mmap, owner: bool):
+    def __init__(self, name: str, mapping: mmap.mmap):
         self.name = name
-        self.owner = owner
         self._map = mapping
         self._header = words(mapping, 0, HEADER_WORDS, f"segment {name}")
         self.size = int(self._header[H_SIZE])
         self.buf = np.frombuffer(mapping, dtype=np.uint8, count=self.size, offset=PAYLOAD_OFFSET)
+
+    def close(self) -> None:
+        """Unmap (deferred to the garbage collector while numpy views of ``buf`` are still alive); idempotent."""
+        if self._map is None:
+            return
+        self.buf = self._header = None
+        try:
+            self._map.close()
+        except BufferError:
+            pass  # views of the payload are alive elsewhere; the mapping goes with the last of them
+        self._map = None
+
+    def __enter__(self):
+        return self
+
+    def __exit__(self, *exc):
+        self.close()
+
+
+def reserve_and_map(fd: int, total: int, what: str, hint: str) -> mmap.mmap:
+    """Size fd to ``total`` bytes, reserve every block (a full filesystem fails here, not later as SIGBUS in
+    whichever process touches an unbacked page) and map it."""
+    try:
+        os.ftruncate(fd, total)
+        os.posix_fallocate(fd, 0, total)
+    except OSError as exc:
+        raise SegmentError(exc.errno, f"cannot reserve {total} bytes for {what}: {os.strerror(exc.errno)} "
+                                      f"({hint})") from exc
+    return mmap.mmap(fd, total)
+
+
+def check_mapped_header(mapping: mmap.mmap, magic_word: int, version: int, size, params, what: str,
+                        names=None) -> None:
+    """Check the header of an attached mapping; on a wrong layout close the mapping and raise LayoutError."""
+    live = words(mapping, 0, HEADER_WORDS)
+    py_load_acquire(live, H_MAGIC)  # orders the snapshot after the creator's publication of the magic
+    snapshot = live.copy()  # checked on a copy, so an error's traceback pins no view of the mapping
+    del live
+    try:
+        kwargs = {} if names is None else {"names": names}
+        found = check_header(snapshot, magic_word, version, size, params, what=what, **kwargs)
+        if PAYLOAD_OFFSET + found[0] > len(mapping):
+            raise LayoutError(f"{what}: header claims {found[0]} payload bytes, file has "
+                              f"{len(mapping) - PAYLOAD_OFFSET}")
+    except LayoutError:
+        mapping.close()
+        raise
+
+
+class Segment(MappedPayload):
+    """One mapped segment. ``buf`` is a writable uint8 numpy array of the payload (offset 0 = first payload
+    byte); ``size`` its length in bytes."""
+
+    def __init__(self, name: str, mapping: mmap.mmap, owner: bool):
+        super().__init__(name, mapping)
+        self.owner = owner
 
     # life-cycle ---------------------------------------------------------------------------------------------
     @classmethod
@@ -113,13 +168,7 @@ class Segment:
             raise SegmentError(errno.EEXIST, f"shared-memory segment {name} already exists "
                                              f"(stale? see ipc.shm.find_stale)") from exc
         try:
-            try:
-                os.ftruncate(shm.fd, total)
-                os.posix_fallocate(shm.fd, 0, total)
-            except OSError as exc:
-                raise SegmentError(exc.errno, f"cannot reserve {total} bytes for {name} in {SHM_DIR}: "
-                                              f"{os.strerror(exc.errno)} (is /dev/shm full?)") from exc
-            mapping = mmap.mmap(shm.fd, total)
+            mapping = reserve_and_map(shm.fd, total, f"{name} in {SHM_DIR}", "is /dev/shm full?")
         except BaseException:
             shm.unlink()
             raise
@@ -144,41 +193,13 @@ class Segment:
             mapping = mmap.mmap(shm.fd, shm.size)
         finally:
             shm.close_fd()
-        live = words(mapping, 0, HEADER_WORDS)
-        py_load_acquire(live, H_MAGIC)  # orders the snapshot after the creator's publication of the magic
-        snapshot = live.copy()  # checked on a copy, so an error's traceback pins no view of the mapping
-        del live
-        try:
-            found = check_header(snapshot, SEGMENT_MAGIC, SEGMENT_VERSION, size, (tag, tag_version),
-                                 what=f"segment {name}", names=("tag", "tag version"))
-            if PAYLOAD_OFFSET + found[0] > len(mapping):
-                raise LayoutError(f"segment {name}: header claims {found[0]} payload bytes, file has "
-                                  f"{len(mapping) - PAYLOAD_OFFSET}")
-        except LayoutError:
-            mapping.close()
-            raise
+        check_mapped_header(mapping, SEGMENT_MAGIC, SEGMENT_VERSION, size, (tag, tag_version),
+                            f"segment {name}", names=("tag", "tag version"))
         return cls(name, mapping, owner=False)
-
-    def close(self) -> None:
-        """Unmap (deferred to the garbage collector while numpy views of ``buf`` are still alive)."""
-        if self._map is None:
-            return
-        self.buf = self._header = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # views of the payload are alive elsewhere; the mapping goes with the last of them
-        self._map = None
 
     def unlink(self) -> None:
         """Remove the name (the creating process does this); existing mappings stay valid."""
         unlink_name(self.name)
-
-    def __enter__(self):
-        return self
-
-    def __exit__(self, *exc):
-        self.close()
 
     # header fields -----------------------------------------------------------------------------------------
     @property

@@ -17,7 +17,6 @@ Crash handling: the heaps are derived state. A restarted scanner clears them and
 control block; every worker then posts START for every slot it holds (``Worker.resync_scanner``).
 """
 import os
-import select
 import signal
 import time
 

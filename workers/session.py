@@ -17,14 +17,13 @@ included, and drops the connection when nothing was read for two intervals (NSQ'
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
 beyond NSQ here), leaves its channel, forgets the fd in the loop and closes the socket.
 """
-import socket
 import time
 
 from nsqpy.protocol import commands as C
 from nsqpy.protocol.errors import AuthDisabled, Invalid, ProtocolError
 from nsqpy.protocol.frames import CLOSE_WAIT_FRAME, HEARTBEAT_FRAME, OK_FRAME, response_frame
 from nsqpy.protocol.identify import default_client_settings, negotiate_identify
-from nsqpy.protocol.states import STATE_INIT, STATE_SUBSCRIBED
+from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import V2Parser
 
 RECV_SIZE = 256 * 1024

@@ -30,7 +30,6 @@ from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.identify import ServerSettings
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import Limits, V2Parser
-from workers import links
 from workers import kernels as K
 from workers.loop import Loop
 from workers.scanner import EXPIRED, REMOVE, RESET, START
