@@ -40,6 +40,7 @@ class Topic:
         self.message_count = 0
         self.message_bytes = 0
         self.ids = IdGenerator(worker.opts.node_id)
+        self._one_id, self._one_ts = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self.deleted = False
         self._open_log(restarted)
 
@@ -75,13 +76,22 @@ class Topic:
             self.ids.last_tick = (last >> 22) + TWEPOCH
             self.ids.sequence = last & SEQUENCE_MASK
 
-    def append(self, src, offsets, lengths, timestamps, defer_ms=0):
-        """Append n messages (all or nothing). Returns False when the log is full and nothing was appended."""
+    def append(self, src, offsets, lengths, timestamp, defer_ms=0):
+        """Append n messages accepted at `timestamp` ns (all or nothing). Returns False when the log is full and
+        nothing was appended."""
         n = len(lengths)
-        ids = self.ids.next_ids(n, time.time_ns()).view(np.int64)
+        now = time.time_ns()
+        if n == 1:  # a single PUB: no allocation (the log copies the arrays' values)
+            ids, timestamps = self._one_id, self._one_ts
+            value = self.ids.next_id(now)
+            ids[0] = value - (1 << 64) if value >= 1 << 63 else value  # the uint64 ID as the log's int64 word
+            timestamps[0] = timestamp
+        else:
+            ids = self.ids.next_ids(n, now).view(np.int64)
+            timestamps = np.full(n, timestamp, np.int64)
         not_before = None
         if defer_ms:
-            not_before = np.full(n, time.time_ns() + defer_ms * 1_000_000, np.int64)
+            not_before = np.full(n, now + defer_ms * 1_000_000, np.int64)
         try:
             self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before)
         except LogFull:
@@ -93,7 +103,7 @@ class Topic:
                     return True  # NSQ drops what an ephemeral topic cannot hold
                 return False
         self.message_count += n
-        self.message_bytes += int(lengths.sum())
+        self.message_bytes += int(lengths[0]) if n == 1 else int(lengths.sum())
         for ch in self.channels.values():
             if ch.consumers:
                 self.worker.pending.add(ch)

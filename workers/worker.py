@@ -17,6 +17,7 @@ connections (their clients are gone), then tells the scanner to reset its heap a
 import json
 import signal
 import socket
+import struct
 import time
 import zlib
 
@@ -39,7 +40,7 @@ from workers.topic import Topic
 
 NEW_CONNECTION, MOVED_SUBSCRIBER = 1, 2
 FORWARD = 1
-_FWD_HEAD = np.dtype([("n", "<i8"), ("ts", "<i8"), ("defer_ms", "<i8"), ("topic_len", "<i8")])
+_FWD_HEAD = struct.Struct("<qqqq")  # forwarded publish: message count, timestamp ns, defer ms, topic name length
 FRAME_SCRATCH = 8 << 20
 SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
 LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
@@ -91,6 +92,8 @@ class Worker:
         self._topic_seq = 0
         self._channel_seq = 0
         self._scratch = np.empty(FRAME_SCRATCH, np.uint8)
+        self._one_off, self._one_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self._fwd_off, self._fwd_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self._scanner_epoch = self.control.scanner_epoch()
         self.pub_in = [self.links.pub(j, index) for j in range(plan.workers) if j != index]
         self.pub_out = {j: self.links.pub(index, j) for j in range(plan.workers) if j != index}
@@ -186,9 +189,10 @@ class Worker:
 
     # ---- publishing ------------------------------------------------------------------------------------
     def publish(self, s, topic, bodies, defer_ms, verb):
+        # one message: reuse one-element arrays (appending copies them into the log), no allocation per PUB
         body = bodies[0]
-        src = np.frombuffer(body, np.uint8)
-        self._publish(s, topic, src, np.zeros(1, np.int64), np.array([len(body)], np.int64), defer_ms,
+        self._one_len[0] = len(body)
+        self._publish(s, topic, np.frombuffer(body, np.uint8), self._one_off, self._one_len, defer_ms,
                       DpubFailed if verb == "DPUB" else PubFailed, verb)
 
     def publish_mpub(self, s, cmd):
@@ -200,7 +204,7 @@ class Worker:
         now = time.time_ns()
         owner = owner_of(topic, self.plan.workers)
         if owner == self.index:
-            ok = self.get_topic(topic).append(src, offsets, lengths, np.full(n, now, np.int64), defer_ms)
+            ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
             if not ok:
                 raise error(f"{verb} failed topic {topic} is full")
         else:
@@ -208,15 +212,15 @@ class Worker:
         s.count_pub(topic, n)
 
     def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
-        head = np.zeros(1, _FWD_HEAD)
         name = topic.encode()
-        head[0] = (len(lengths), now, defer_ms, len(name))
-        if len(lengths) == 1:
+        n = len(lengths)
+        if n == 1:
             o = int(offsets[0])
             bodies = src[o:o + int(lengths[0])].tobytes()
         else:
-            bodies = b"".join(src[o:o + n].tobytes() for o, n in zip(offsets.tolist(), lengths.tolist()))
-        payload = b"".join((head.tobytes(), name, lengths.astype("<i8").tobytes(), bodies))
+            bodies = b"".join(src[o:o + k].tobytes() for o, k in zip(offsets.tolist(), lengths.tolist()))
+        payload = b"".join((_FWD_HEAD.pack(n, now, defer_ms, len(name)), name,
+                            lengths.astype("<i8").tobytes(), bodies))
         ring = self.pub_out[owner]
         while not ring.send(FORWARD, payload):
             # the owner is behind: keep draining what others forward to us (so two full rings cannot
@@ -227,20 +231,22 @@ class Worker:
         self.links.wake(owner)
 
     def _on_forwarded(self, rtype, payload):
-        head = np.frombuffer(payload, _FWD_HEAD, 1)[0]
-        n, ts, defer_ms, tl = int(head["n"]), int(head["ts"]), int(head["defer_ms"]), int(head["topic_len"])
-        p = _FWD_HEAD.itemsize
+        n, ts, defer_ms, tl = _FWD_HEAD.unpack_from(payload)
+        p = _FWD_HEAD.size
         topic = bytes(payload[p:p + tl]).decode()
         p += tl
-        lengths = np.frombuffer(payload, "<i8", n, p).astype(np.int64)
-        p += 8 * n
-        offsets = np.empty(n, np.int64)
-        offsets[0] = p
-        if n > 1:
+        if n == 1:
+            lengths, offsets = self._fwd_len, self._fwd_off
+            lengths[0] = payload[p:p + 8].view("<i8")[0]
+            offsets[0] = p + 8
+        else:
+            lengths = np.frombuffer(payload, "<i8", n, p).astype(np.int64)
+            p += 8 * n
+            offsets = np.empty(n, np.int64)
+            offsets[0] = p
             np.cumsum(lengths[:-1], out=offsets[1:])
             offsets[1:] += p
-        src = np.frombuffer(payload, np.uint8)
-        return self.get_topic(topic).append(src, offsets, lengths, np.full(n, ts, np.int64), defer_ms)
+        return self.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms)
 
     def _drain_pub_rings(self):
         return sum(r.drain(self._on_forwarded) for r in self.pub_in)
