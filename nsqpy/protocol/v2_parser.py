@@ -239,11 +239,7 @@ class V2Parser:
         self._check("RDY")
         count = 1
         if len(params) > 1:
-            raw = bytes(params[1])
-            value = parse_base10(raw)
-            if value is None:
-                raise Invalid(f"RDY could not parse count {raw_text(raw)}")
-            count = wrap_int64(value)
+            count = wrap_int64(_number(params[1], "RDY could not parse count"))
         limit = self.limits.max_rdy_count
         if count < 0 or count > limit:
             raise Invalid(f"RDY count {count} out of range 0-{limit}")
@@ -257,11 +253,7 @@ class V2Parser:
 
     def _req(self, params):
         msg_id = self._message_id("REQ", params, 3)
-        raw = bytes(params[2])
-        value = parse_base10(raw)
-        if value is None:
-            raise Invalid(f"REQ could not parse timeout {raw_text(raw)}")
-        duration = _duration_ns(value)
+        duration = _duration_ns(_number(params[2], "REQ could not parse timeout"))
         max_ns = self.limits.max_req_timeout_ms * _MS
         clamped = 0 if duration < 0 else min(duration, max_ns)  # nsqd clamps REQ, it does not reject it
         return Req(msg_id, clamped // _MS)
@@ -299,10 +291,7 @@ class V2Parser:
         if len(params) < 3:
             raise Invalid("DPUB insufficient number of parameters")
         topic = _topic(params[1], "DPUB topic name")
-        raw = bytes(params[2])
-        value = parse_base10(raw)
-        if value is None:
-            raise Invalid(f"DPUB could not parse timeout {raw_text(raw)}")
+        value = _number(params[2], "DPUB could not parse timeout")
         duration = _duration_ns(value)
         max_ms = self.limits.max_req_timeout_ms
         if duration < 0 or duration > max_ms * _MS:
@@ -317,6 +306,15 @@ def _topic(raw, what: str) -> str:
     if not is_valid_name(raw):
         raise BadTopic(f"{what} {go_quote(raw)} is not valid")
     return raw.decode("ascii")
+
+
+def _number(raw, error_text: str) -> int:
+    """A plain unsigned decimal parameter, or the fatal E_INVALID '<error_text> <raw>' nsqd sends."""
+    raw = bytes(raw)
+    value = parse_base10(raw)
+    if value is None:
+        raise Invalid(f"{error_text} {raw_text(raw)}")
+    return value
 
 
 def _duration_ns(ms: int) -> int:
