@@ -6,16 +6,17 @@ writer and these run in the worker, so plain loads are enough.
 import numpy as np
 from numba import njit
 
-from ipc.inflight import (F_ATTEMPTS, FREE, HALF_WORDS, S_CHANNEL, S_HALF0, S_LOG_POS, S_TAG, S_TOPIC,
+from ipc.inflight import (F_ATTEMPTS, FREE, HALF_WORDS, S_CHANNEL, S_HALF0, S_LOG_POS, S_TAG,
                           SLOT_WORDS)
 
 
 @njit(cache=True, nogil=True)
-def low_water(slots, topic, out):
-    """out[channel key] = the lowest log position a live slot of `topic` holds (out preset to 'none')."""
+def low_water(slots, out):
+    """out[channel key] = the lowest log position a live slot of that channel holds (out preset to 'none').
+    Channel keys are unique within a worker, so one pass serves every topic."""
     for s in range(slots.shape[0] // SLOT_WORDS):
         b = s * SLOT_WORDS
-        if slots[b + S_TAG] & 3 != FREE and slots[b + S_TOPIC] == topic:
+        if slots[b + S_TAG] & 3 != FREE:
             key = slots[b + S_CHANNEL]
             if 0 <= key < out.shape[0] and slots[b + S_LOG_POS] < out[key]:
                 out[key] = slots[b + S_LOG_POS]

@@ -95,7 +95,7 @@ class Topic:
         try:
             self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before)
         except LogFull:
-            self.worker.refresh_low_water(self)
+            self.worker.refresh_low_water([self])
             try:
                 self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before)
             except LogFull:

@@ -64,7 +64,7 @@ def _inflight():
     table.redeliver(s, 5, 0, 30)
     table.iter_conn(5)
     K.generations(table, slots[1:])
-    K.low_water(table.slots, 1, np.full(4, 1 << 62, np.int64))
+    K.low_water(table.slots, np.full(4, 1 << 62, np.int64))
     K.slots_of_channel(table.slots, 1, np.empty(4, np.int64))
     table.recover()
 

@@ -147,8 +147,7 @@ class Worker:
         self.links.awake(self.index)
 
     def _periodic(self):
-        for t in self.topics.values():
-            self.refresh_low_water(t)
+        self.refresh_low_water(self.topics.values())
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
 
     def _on_handoff(self):
@@ -430,14 +429,16 @@ class Worker:
         n = K.slots_of_channel(self.inflight.slots, key, out)
         return out[:n].tolist()
 
-    def refresh_low_water(self, topic):
-        """Tell the topic's log the oldest position each channel still holds, so it can reclaim behind it."""
+    def refresh_low_water(self, topics):
+        """Tell each topic's log the oldest position each channel still holds, so it can reclaim behind it.
+        One pass over the in-flight table serves all topics (it is the expensive part)."""
         lows = np.full(self._channel_seq + 1, NO_LOW_WATER, np.int64)
         if len(self.inflight):
-            K.low_water(self.inflight.slots, topic.index, lows)
-        for ch in topic.channels.values():
-            topic.log.set_low_water(ch.ch, int(lows[ch.key]))
-        topic.log.reclaim()
+            K.low_water(self.inflight.slots, lows)
+        for topic in topics:
+            for ch in topic.channels.values():
+                topic.log.set_low_water(ch.ch, int(lows[ch.key]))
+            topic.log.reclaim()
 
     # ---- the topic directory and recovery --------------------------------------------------------------
     def save_meta(self):
