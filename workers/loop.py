@@ -130,42 +130,53 @@ class Loop:
     def run(self):
         self._running = True
         timers = self._timers
+        readers, writers, poll, monotonic = self._readers, self._writers, self._ep.poll, time.monotonic
+        want_read = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
+        want_write = select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP
         while self._running:
             timeout = -1
             if timers:
-                timeout = max(0.0, timers[0][0] - time.monotonic())
+                timeout = max(0.0, timers[0][0] - monotonic())
             for cb in self._idle:
                 if cb():
                     timeout = 0  # idle work wants another pass right away
             try:
-                events = self._ep.poll(timeout)
+                events = poll(timeout)
             except InterruptedError:
                 continue
             for fd, ev in events:
-                if ev & (select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP):
-                    cb = self._readers.get(fd)
+                if ev & want_read:
+                    cb = readers.get(fd)
                     if cb is not None:
-                        self._dispatch(cb, fd)
-                if ev & (select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP):
-                    cb = self._writers.get(fd)
-                    if cb is not None:
-                        self._dispatch(cb, fd)
-            if timers:
-                now = time.monotonic()
-                while timers and timers[0][0] <= now:
-                    _, _, t = heapq.heappop(timers)
-                    if not t.cancelled:
                         try:
-                            t.callback()
+                            cb()
                         except Exception:
-                            self._report("timer callback failed")
+                            self._failed(fd)
+                if ev & want_write:
+                    cb = writers.get(fd)
+                    if cb is not None:
+                        try:
+                            cb()
+                        except Exception:
+                            self._failed(fd)
+            if timers and timers[0][0] <= monotonic():
+                self._run_timers()
 
-    def _dispatch(self, cb, fd):
-        try:
-            cb()
-        except Exception:
-            self._report(f"callback for fd {fd} failed")
-            self.forget(fd)
+    def _run_timers(self):
+        timers = self._timers
+        now = time.monotonic()
+        while timers and timers[0][0] <= now:
+            _, _, t = heapq.heappop(timers)
+            if not t.cancelled:
+                try:
+                    t.callback()
+                except Exception:
+                    self._report("timer callback failed")
+
+    def _failed(self, fd):
+        """A callback raised: log it and drop the fd, so one broken connection cannot spin the loop."""
+        self._report(f"callback for fd {fd} failed")
+        self.forget(fd)
 
     def close(self):
         self._ep.close()

@@ -18,6 +18,7 @@ Resource handling: ``close`` is idempotent; it requeues the session's in-flight 
 beyond NSQ here), leaves its channel, forgets the fd in the loop and closes the socket.
 """
 import time
+from time import monotonic
 
 from nsqpy.protocol import commands as C
 from nsqpy.protocol.errors import AuthDisabled, Invalid, ProtocolError
@@ -26,7 +27,7 @@ from nsqpy.protocol.identify import default_client_settings, negotiate_identify
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import V2Parser
 
-RECV_SIZE = 256 * 1024
+RECV_SIZE = 64 * 1024
 # A client that stops reading must not make the broker buffer without bound: past this many unsent bytes the
 # session stops reading commands (and so stops publishing) until the socket drains.
 MAX_WBUF = 4 * 1024 * 1024
@@ -46,6 +47,7 @@ class Session:
         self.closed = False
         self.closing_after_flush = False
         self.reading = True
+        self.writing = False  # the loop watches for room to send the rest of wbuf
         self.channel = None
         self.rdy = 0
         self.in_flight = 0
@@ -90,7 +92,11 @@ class Session:
             # close keeps unread bytes from turning it into a reset that would destroy the error frame and
             # whatever else the client has not read yet. Discarded bytes do not count as reads for the deadline.
             return
-        self.last_read = time.monotonic()
+        self.last_read = monotonic()
+        pub = self.parser.lone_pub(data)
+        if pub is not None:
+            self.worker.stage_pub(self, pub[0], pub[1])
+            return
         self.handle_bytes(data)
 
     def handle_bytes(self, data):
@@ -134,11 +140,17 @@ class Session:
             except OSError:
                 self.close()
                 return True
-            del self.wbuf[:sent]
-        if self.wbuf:
-            self.worker.loop.add_writer(self.fd, self._on_writable)
-            return False
-        self.worker.loop.remove_writer(self.fd)
+            if sent == len(self.wbuf):
+                self.wbuf.clear()
+            else:
+                del self.wbuf[:sent]
+                if not self.writing:
+                    self.writing = True
+                    self.worker.loop.add_writer(self.fd, self._on_writable)
+                return False
+        if self.writing:
+            self.writing = False
+            self.worker.loop.remove_writer(self.fd)
         if self.closing_after_flush:
             self.close()
         elif not self.reading:

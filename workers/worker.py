@@ -87,6 +87,7 @@ class Worker:
         self.channels_by_key = {}
         self.dirty = []
         self.pending = set()
+        self._staged = {}  # topic -> (bodies, sessions): lone PUBs of this iteration, see stage_pub
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0
@@ -207,19 +208,50 @@ class Worker:
             if not ok:
                 raise error(f"{verb} failed topic {topic} is full")
         else:
-            self._forward(owner, topic, src, offsets, lengths, now, defer_ms)
+            if n == 1:
+                o = int(offsets[0])
+                bodies = src[o:o + int(lengths[0])].tobytes()
+            else:
+                bodies = b"".join(src[o:o + k].tobytes() for o, k in zip(offsets.tolist(), lengths.tolist()))
+            self._forward(owner, topic, n, lengths.astype("<i8").tobytes(), bodies, now, defer_ms)
         s.count_pub(topic, n)
 
-    def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
+    def stage_pub(self, s, topic, body):
+        """A lone PUB (the parser's fast path): held until this iteration's ``_commit_staged``, which publishes
+        every lone PUB of the iteration for one topic as one batch and only then answers them ``OK``."""
+        staged = self._staged.get(topic)
+        if staged is None:
+            staged = self._staged[topic] = ([], [])
+        staged[0].append(body)
+        staged[1].append(s)
+
+    def _commit_staged(self):
+        staged, self._staged = self._staged, {}
+        now = time.time_ns()
+        for topic, (bodies, sessions) in staged.items():
+            n = len(bodies)
+            lengths = [len(b) for b in bodies]
+            owner = owner_of(topic, self.plan.workers)
+            ok = True
+            if owner == self.index:
+                lens = np.array(lengths, np.int64)
+                offsets = np.zeros(n, np.int64)
+                np.cumsum(lens[:-1], out=offsets[1:])
+                ok = self.get_topic(topic).append(np.frombuffer(b"".join(bodies), np.uint8), offsets, lens, now)
+            else:
+                self._forward(owner, topic, n, struct.pack(f"<{n}q", *lengths), b"".join(bodies), now, 0)
+            for s in sessions:
+                if s.closed:
+                    continue  # gone before its OK: the message stays published, as a PUB whose OK was lost
+                if ok:
+                    s.count_pub(topic, 1)
+                else:
+                    s._fail(PubFailed(f"PUB failed topic {topic} is full"))
+
+    def _forward(self, owner, topic, n, lengths, bodies, now, defer_ms):
+        """Commit n messages (lengths: n little-endian int64, bodies: concatenated) to the owner's ring."""
         name = topic.encode()
-        n = len(lengths)
-        if n == 1:
-            o = int(offsets[0])
-            bodies = src[o:o + int(lengths[0])].tobytes()
-        else:
-            bodies = b"".join(src[o:o + k].tobytes() for o, k in zip(offsets.tolist(), lengths.tolist()))
-        payload = b"".join((_FWD_HEAD.pack(n, now, defer_ms, len(name)), name,
-                            lengths.astype("<i8").tobytes(), bodies))
+        payload = b"".join((_FWD_HEAD.pack(n, now, defer_ms, len(name)), name, lengths, bodies))
         ring = self.pub_out[owner]
         while not ring.send(FORWARD, payload):
             # the owner is behind: keep draining what others forward to us (so two full rings cannot
@@ -343,6 +375,8 @@ class Worker:
 
     def _idle(self):
         more = False
+        if self._staged:
+            self._commit_staged()
         if self._drain_pub_rings():
             more = True
         if self.from_scanner.drain(self._on_scanner):
