@@ -73,7 +73,7 @@ def publish_phase(conn: Connection, opts, run_id: int, phase: int, rate: int, ru
         now = time.time_ns()
         due = min(total, int((now - start) / interval) + 1, sent + MAX_BATCH)
         if due <= sent:
-            time.sleep((start + sent * interval - now) / 1e9)  # pacing: the next message is not due yet
+            time.sleep(max(0.0, (start + sent * interval - now) / 1e9))  # pacing: the next one is not due yet
             continue
         scheduled = start + (np.arange(sent, due, dtype=np.float64) * interval).astype(np.int64)
         batch = bodies(scheduled, run_id, phase, opts.size)
