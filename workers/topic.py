@@ -51,7 +51,9 @@ class Topic:
         base = segment_name(self.worker.data_path, opts.node_id, "log", h)
         self.memory = ShmSegmentProvider(base)
         self.disk = None if self.ephemeral else FileSegmentProvider(self.worker.data_path, f"nsqpy-{h:x}")
-        mem_bytes = max(SEGMENT_SIZE, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // SEGMENT_SIZE)
+        # at least two segments: the head is always inside the newest one, so with a single segment a full log
+        # could never turn over, however fast its channels drain it
+        mem_bytes = max(2 * SEGMENT_SIZE, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // SEGMENT_SIZE)
                         * SEGMENT_SIZE)
         disk_bytes = 0 if self.ephemeral else opts.max_disk_bytes_per_topic
         ctrl_name = segment_name(self.worker.data_path, opts.node_id, "topic", h)

@@ -88,3 +88,28 @@ def test_touch_cannot_extend_past_max_msg_timeout(addr):
         elapsed = time.monotonic() - t0
         assert (again.id, again.attempts) == (m.id, 2)
         assert 2.9 <= elapsed < 4.5, elapsed
+
+
+def test_a_full_ephemeral_topic_turns_over_once_drained(nsqd_factory):
+    """--mem-queue-size=1 gives an ephemeral topic the smallest log (no disk): filling it drops what does not fit
+    (NSQ's rule for ephemeral topics), and once the channel drained it, new messages are delivered again."""
+    nsqd = nsqd_factory("--mem-queue-size=1")
+    topic = unique() + "#ephemeral"
+    body = b"e" * 65536
+    with consumer(nsqd.address, topic, "ch") as c, Conn(nsqd.address) as p:
+        for _ in range(600):  # 39 MB: more than the log holds, every PUB still answered OK
+            p.send(C.pub(topic, body))
+            p.expect_response(b"OK")
+        c.send(C.rdy(100))
+        got = 0
+        while True:  # drain what was kept, finishing as it comes
+            frames = [f for f in c.read_until_quiet(quiet=1.0) if f[0] == 2]
+            if not frames:
+                break
+            for _, data in frames:
+                c.send(C.fin(C.decode_message(data).id))
+            got += len(frames)
+        assert 0 < got < 600
+        after = b"after the drain".ljust(len(body), b".")  # as big as the rest: it needs a fresh segment
+        p.publish(topic, after)
+        assert c.read_message().body == after
