@@ -1,5 +1,6 @@
-"""The few libc calls that the compiled network loops of `fast_writer` and `fast_sink` make, callable from numba
-nopython code: sockets (send, recv, accept4, setsockopt, close), epoll, errno and the monotonic clock.
+"""The few libc calls that compiled network loops make (the broker's producer pump, `benchmarks.fast_writer`,
+`benchmarks.fast_sink`), callable from numba nopython code: sockets (send, recv, accept4, setsockopt, close),
+epoll, errno and the monotonic clock.
 
 Theory of operation
 -------------------
