@@ -1,33 +1,33 @@
 """One V2 client connection inside a worker: bytes in through the sans-IO parser, commands dispatched by a table,
 replies and message frames out through a write buffer.
 
-Theory of operation: the worker's loop calls ``on_readable``; one ``recv`` may hold hundreds of commands, which
-are parsed in one ``feed`` (FIN runs and MPUBs come out as batch commands) and handled in order. Replies are
-appended to ``wbuf`` and the session is marked dirty; the worker flushes every dirty session once per loop
-iteration, so a pipelined burst of PUBs is answered with one ``send``. Message frames are written by the channel
-straight into the same buffer. Handlers raise ``ProtocolError``; ``_fail`` is the one boundary that turns an error
-into an error frame and, when it is fatal, closes the connection once the frame is flushed (replies still queued
-before it go out first, also for a silent drop). Until then the socket is still read, but what arrives is
-discarded: the parser takes nothing after a fatal error, and closing with unread bytes would be a reset that
-destroys what the client has not read yet.
+Theory of operation: the worker's pump (``workers/pump.py``) reads the socket; a lone PUB it publishes and answers
+itself, everything else arrives in ``on_data``. One read may hold hundreds of commands, which are parsed in one
+``feed`` (FIN runs and MPUBs come out as batch commands) and handled in order. Replies are appended to ``wbuf``
+and the session is marked dirty (and ``busy`` for the pump, so its OKs queue behind); the worker flushes every
+dirty session once per loop iteration, so a pipelined burst of PUBs is answered with one ``send``. Message frames
+are written by the channel straight into the same buffer. Handlers raise ``ProtocolError``; ``_fail`` is the one
+boundary that turns an error into an error frame and, when it is fatal, closes the connection once the frame is
+flushed (replies still queued before it go out first, also for a silent drop). Until then the socket is still
+read, but what arrives is discarded: the parser takes nothing after a fatal error, and closing with unread bytes
+would be a reset that destroys what the client has not read yet.
 
 Heartbeats: one timer per session sends ``_heartbeat_`` every heartbeat interval to every client, producers
 included, and drops the connection when nothing was read for two intervals (NSQ's read deadline).
 
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
-beyond NSQ here), leaves its channel, forgets the fd in the loop and closes the socket.
+beyond NSQ here), leaves its channel, takes the fd out of the pump and the loop and closes the socket.
 """
 import time
 from time import monotonic
 
 from nsqpy.protocol import commands as C
-from nsqpy.protocol.errors import AuthDisabled, Invalid, ProtocolError
+from nsqpy.protocol.errors import AuthDisabled, Invalid, ProtocolError, PubFailed
 from nsqpy.protocol.frames import CLOSE_WAIT_FRAME, HEARTBEAT_FRAME, OK_FRAME, response_frame
 from nsqpy.protocol.identify import default_client_settings, negotiate_identify
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import V2Parser
 
-RECV_SIZE = 64 * 1024
 # A client that stops reading must not make the broker buffer without bound: past this many unsent bytes the
 # session stops reading commands (and so stops publishing) until the socket drains.
 MAX_WBUF = 4 * 1024 * 1024
@@ -55,7 +55,6 @@ class Session:
         self.finish_count = 0
         self.requeue_count = 0
         self.pub_counts = {}
-        self.last_read = time.monotonic()
         self._hb_timer = None
         self._next_heartbeat = None
         self._dispatch = {
@@ -71,33 +70,32 @@ class Session:
 
     # ---- I/O -------------------------------------------------------------------------------------------
     def start(self, pending=b""):
-        self.worker.loop.add_reader(self.fd, self.on_readable)
+        self.worker.pump.add(self, monotonic())
         self._arm_heartbeat()
         if pending:
-            self.handle_bytes(pending)
+            self.on_data(pending)
+        else:
+            self._note_clean()
 
-    def on_readable(self):
-        try:
-            data = self.sock.recv(RECV_SIZE)
-        except (BlockingIOError, InterruptedError):
-            return
-        except OSError:
-            self.close()
-            return
-        if not data:
-            self.close()
-            return
+    @property
+    def last_read(self):
+        """time.monotonic() of the last read (the pump records it), for the heartbeat read deadline."""
+        return float(self.worker.pump.last_read[self.fd])
+
+    def on_data(self, data):
+        """Bytes the pump read for this session (everything but the lone PUBs it handled itself)."""
         if self.closing_after_flush:
             # After a fatal error nothing more is parsed (the parser refuses input), but reading on until the
             # close keeps unread bytes from turning it into a reset that would destroy the error frame and
-            # whatever else the client has not read yet. Discarded bytes do not count as reads for the deadline.
-            return
-        self.last_read = monotonic()
-        pub = self.parser.lone_pub(data)
-        if pub is not None:
-            self.worker.stage_pub(self, pub[0], pub[1])
+            # whatever else the client has not read yet.
             return
         self.handle_bytes(data)
+        self._note_clean()
+
+    def _note_clean(self):
+        """Tell the pump whether it may handle this session's next lone PUB itself (nothing half parsed)."""
+        if not self.closed:
+            self.worker.pump.clean[self.fd] = self.parser.idle and not self.closing_after_flush
 
     def handle_bytes(self, data):
         items = self.parser.feed(data)
@@ -121,11 +119,12 @@ class Session:
             items = self.parser.feed(b"") if type(items[-1]) is C.Sub else None
         if len(self.wbuf) > MAX_WBUF and self.reading:
             self.reading = False
-            self.worker.loop.remove_reader(self.fd)
+            self.worker.pump.pause(self.fd)
 
     def write(self, data):
         if not self.wbuf:
             self.worker.dirty.append(self)
+            self.worker.pump.busy[self.fd] = 1  # the pump must not send an OK past queued output
         self.wbuf += data
 
     def flush(self):
@@ -142,6 +141,8 @@ class Session:
                 return True
             if sent == len(self.wbuf):
                 self.wbuf.clear()
+                if not self.closing_after_flush:
+                    self.worker.pump.busy[self.fd] = 0
             else:
                 del self.wbuf[:sent]
                 if not self.writing:
@@ -155,7 +156,7 @@ class Session:
             self.close()
         elif not self.reading:
             self.reading = True
-            self.worker.loop.add_reader(self.fd, self.on_readable)
+            self.worker.pump.resume(self.fd)
         return True
 
     def _on_writable(self):
@@ -168,6 +169,8 @@ class Session:
         if err.fatal:
             self.worker.log.debug(f"[{self.remote_text}] fatal error: {err}")
             self.closing_after_flush = True
+            self.worker.pump.clean[self.fd] = 0
+            self.worker.pump.busy[self.fd] = 1
             if not self.wbuf:  # a silent drop with nothing pending; otherwise the flush closes, replies first
                 self.close()
 
@@ -233,6 +236,9 @@ class Session:
     def on_dpub(self, cmd):
         self.worker.publish(self, cmd.topic, [cmd.body], cmd.defer_ms, "DPUB")
 
+    def pub_failed(self, topic):
+        self._fail(PubFailed(f"PUB failed topic {topic} is full"))
+
     def count_pub(self, topic, n):
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + n
         self.write(OK_FRAME)
@@ -270,6 +276,7 @@ class Session:
         self.closed = True
         if self._hb_timer is not None:
             self._hb_timer.cancel()
+        self.worker.pump.remove(self)
         self.worker.loop.forget(self.fd)
         self.worker.forget_session(self)
 
@@ -281,6 +288,7 @@ class Session:
             self._hb_timer.cancel()
         if self.channel is not None:
             self.channel.remove_consumer(self)
+        self.worker.pump.remove(self)
         self.worker.loop.forget(self.fd)
         self.worker.forget_session(self)
         try:

@@ -3,6 +3,8 @@ forks: the children inherit the machine code, so none of them stalls its first c
 milliseconds a kernel takes to load, or seconds to compile on a cold cache, and a restarted child is ready at
 once. Each step drives the real classes on throwaway memory with the argument types production uses.
 """
+import select
+import socket
 import time
 
 import numpy as np
@@ -17,6 +19,7 @@ from nsqpy.protocol import client as enc
 from nsqpy.protocol.ids import IdGenerator
 from nsqpy.protocol.v2_parser import V2Parser
 from workers import kernels as K
+from workers.pump import Pump
 from workers.scanner import apply_removes, apply_starts
 
 ID = b"0123456789abcdef"
@@ -95,6 +98,40 @@ def _log(prefix):
         unlink_name(f"{prefix}-warmup-ctrl")
 
 
+class _Peer:
+    """Just enough of a Session for the pump."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.pub_counts = {}
+        self.data = []
+
+    def on_data(self, data):
+        self.data.append(data)
+
+
+def _pump():
+    here, there = socket.socketpair()
+    pump = Pump(1 << 20)
+    try:
+        here.setblocking(False)
+        peer = _Peer(here.fileno())
+        pump.add(peer, time.monotonic())
+        pump.clean[peer.fd] = 1
+        pump.learn_topic("t", 0)
+        there.sendall(enc.pub("t", b"x"))
+        select.select([here], [], [], 5)
+        pump.read()
+        pump.commit(lambda topic, buf, offsets, lengths: pump.pack_bodies(offsets, lengths, 0) > 0,
+                    lambda session, worker: None)
+        there.recv(64)
+        pump.remove(peer)
+    finally:
+        pump.close()
+        here.close()
+        there.close()
+
+
 def warm_up(prefix):
     """prefix: this broker's segment-name prefix (the log step needs real shared memory briefly)."""
     _protocol()
@@ -102,3 +139,4 @@ def warm_up(prefix):
     _timers()
     _inflight()
     _log(prefix.rstrip("-"))
+    _pump()

@@ -26,6 +26,7 @@ import numpy as np
 from ipc import inflight as IF
 from ipc.fdpass import PeerGone
 from ipc.msglog import NO_LOW_WATER
+from ipc.ring import C_READ, P_TAIL
 from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed, TooManyChannelConsumers
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.identify import ServerSettings
@@ -33,16 +34,18 @@ from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import Limits, V2Parser
 from workers import kernels as K
 from workers.loop import Loop
+from workers.pump import Pump
 from workers.scanner import EXPIRED, REMOVE, RESET, START
 from workers.session import MIGRATED, Session
 from workers.timers import TimerBatches
 from workers.topic import Topic
 
-NEW_CONNECTION, MOVED_SUBSCRIBER = 1, 2
+NEW_CONNECTION, MOVED_SUBSCRIBER, MOVED_PRODUCER = 1, 2, 3
 FORWARD = 1
 _FWD_HEAD = struct.Struct("<qqqq")  # forwarded publish: message count, timestamp ns, defer ms, topic name length
 FRAME_SCRATCH = 8 << 20
 SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
+FORWARD_WAIT = 0.5             # seconds a publish waits for room in a full ring before it fails
 LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
 
 
@@ -87,7 +90,7 @@ class Worker:
         self.channels_by_key = {}
         self.dirty = []
         self.pending = set()
-        self._staged = {}  # topic -> (bodies, sessions): lone PUBs of this iteration, see stage_pub
+        self.pump = Pump(self.limits.max_msg_size, index)
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0
@@ -117,6 +120,7 @@ class Worker:
         self.loop.add_signal_handler(signal.SIGUSR1, self.dump_state)
         self.loop.add_reader(self.inbox.fileno(), self._on_handoff)
         self.loop.add_reader(self.links.eventfd(self.index), self._on_wake)
+        self.loop.add_reader(self.pump.epfd, self.pump.read)
         self.loop.add_idle(self._idle)
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
         import os
@@ -174,7 +178,7 @@ class Worker:
             if msg.kind == NEW_CONNECTION:
                 self._new_session(sock, remote, msg.blob)
             else:
-                self._moved_session(sock, remote, msg.blob)
+                self._moved_session(sock, remote, msg.kind, msg.blob)
 
     def _next_conn(self):
         self._conn_seq += 1
@@ -204,6 +208,7 @@ class Worker:
         now = time.time_ns()
         owner = owner_of(topic, self.plan.workers)
         if owner == self.index:
+            self._catch_up()
             ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
             if not ok:
                 raise error(f"{verb} failed topic {topic} is full")
@@ -213,53 +218,48 @@ class Worker:
                 bodies = src[o:o + int(lengths[0])].tobytes()
             else:
                 bodies = b"".join(src[o:o + k].tobytes() for o, k in zip(offsets.tolist(), lengths.tolist()))
-            self._forward(owner, topic, n, lengths.astype("<i8").tobytes(), bodies, now, defer_ms)
+            if not self._forward(owner, topic, n, lengths.astype("<i8").tobytes(), bodies, now, defer_ms):
+                raise error(f"{verb} failed topic {topic} is full")
         s.count_pub(topic, n)
+        self.pump.learn_topic(topic, owner)
 
-    def stage_pub(self, s, topic, body):
-        """A lone PUB (the parser's fast path): held until this iteration's ``_commit_staged``, which publishes
-        every lone PUB of the iteration for one topic as one batch and only then answers them ``OK``."""
-        staged = self._staged.get(topic)
-        if staged is None:
-            staged = self._staged[topic] = ([], [])
-        staged[0].append(body)
-        staged[1].append(s)
-
-    def _commit_staged(self):
-        staged, self._staged = self._staged, {}
+    def _publish_staged(self, topic, buf, offsets, lengths):
+        """The pump's lone PUBs of this iteration for one topic, as one batch (their OKs follow on success)."""
         now = time.time_ns()
-        for topic, (bodies, sessions) in staged.items():
-            n = len(bodies)
-            lengths = [len(b) for b in bodies]
-            owner = owner_of(topic, self.plan.workers)
-            ok = True
-            if owner == self.index:
-                lens = np.array(lengths, np.int64)
-                offsets = np.zeros(n, np.int64)
-                np.cumsum(lens[:-1], out=offsets[1:])
-                ok = self.get_topic(topic).append(np.frombuffer(b"".join(bodies), np.uint8), offsets, lens, now)
-            else:
-                self._forward(owner, topic, n, struct.pack(f"<{n}q", *lengths), b"".join(bodies), now, 0)
-            for s in sessions:
-                if s.closed:
-                    continue  # gone before its OK: the message stays published, as a PUB whose OK was lost
-                if ok:
-                    s.count_pub(topic, 1)
-                else:
-                    s._fail(PubFailed(f"PUB failed topic {topic} is full"))
+        owner = owner_of(topic, self.plan.workers)
+        if owner == self.index:
+            return self.get_topic(topic).append(buf, offsets, lengths, now)
+        name = topic.encode()
+        head = _FWD_HEAD.pack(len(lengths), now, 0, len(name)) + name
+        pack = self.pump.pack
+        pack[:len(head)] = np.frombuffer(head, np.uint8)
+        end = self.pump.pack_bodies(offsets, lengths, len(head))
+        return self._send_forward(owner, pack[:end])
 
     def _forward(self, owner, topic, n, lengths, bodies, now, defer_ms):
         """Commit n messages (lengths: n little-endian int64, bodies: concatenated) to the owner's ring."""
         name = topic.encode()
-        payload = b"".join((_FWD_HEAD.pack(n, now, defer_ms, len(name)), name, lengths, bodies))
+        return self._send_forward(owner, b"".join((_FWD_HEAD.pack(n, now, defer_ms, len(name)), name, lengths,
+                                                   bodies)))
+
+    def _send_forward(self, owner, payload):
+        """Commit one record to the owner's ring; False when it stayed full for FORWARD_WAIT (the owner cannot
+        append: a topic's budgets are used up), so the publish fails instead of the worker hanging."""
         ring = self.pub_out[owner]
+        deadline = None
         while not ring.send(FORWARD, payload):
             # the owner is behind: keep draining what others forward to us (so two full rings cannot
             # deadlock), nudge the owner, and wait for room
+            now = time.monotonic()
+            if deadline is None:
+                deadline = now + FORWARD_WAIT
+            elif now > deadline:
+                return False
             self._drain_pub_rings()
             self.links.wake(owner)
             ring.wait_for_room(len(payload), 0.001)
         self.links.wake(owner)
+        return True
 
     def _on_forwarded(self, rtype, payload):
         n, ts, defer_ms, tl = _FWD_HEAD.unpack_from(payload)
@@ -278,6 +278,16 @@ class Worker:
             np.cumsum(lengths[:-1], out=offsets[1:])
             offsets[1:] += p
         return self.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms)
+
+    def _catch_up(self):
+        """Append everything other workers committed to their rings so far, before publishing here: a producer
+        handed over to this worker must not have its next messages overtake those it published before the
+        move (they were committed before their OK, so before the client sent the next one)."""
+        for link in self.pub_in:
+            ctl = link.ring.ctl
+            target = int(ctl[P_TAIL])
+            while int(ctl[C_READ]) < target and link.drain(self._on_forwarded):
+                pass
 
     def _drain_pub_rings(self):
         return sum(r.drain(self._on_forwarded) for r in self.pub_in)
@@ -319,30 +329,42 @@ class Worker:
 
     def migrate(self, s, sub, rest):
         """Hand a connection that just sent SUB to the topic's owner, with its state and unparsed bytes."""
-        owner = owner_of(sub.topic, self.plan.workers)
+        self._hand_over(s, owner_of(sub.topic, self.plan.workers), MOVED_SUBSCRIBER,
+                        {"topic": sub.topic, "channel": sub.channel, "rest": rest.hex()})
+
+    def move_producer(self, s, owner):
+        """The pump saw this producer's last lone PUBs all go to topics of worker ``owner``: hand it there, so
+        its PUBs are appended where they arrive instead of crossing a ring (see ARCHITECTURE.md)."""
+        if s.closed or s.closing_after_flush or s.channel is not None or not s.parser.idle or not s.reading:
+            return
+        self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state})
+
+    def _hand_over(self, s, owner, kind, extra):
         s.flush()
+        self.pump.settle(s)
         state = {
             "settings": {f: getattr(s.settings, f) for f in s.settings.__dataclass_fields__},
-            "connect_ts": s.connect_ts, "topic": sub.topic, "channel": sub.channel,
-            "unsent": bytes(s.wbuf).hex(), "rest": rest.hex(), "pub_counts": s.pub_counts,
+            "connect_ts": s.connect_ts, "unsent": bytes(s.wbuf).hex(), "pub_counts": s.pub_counts, **extra,
         }
         blob = json.dumps(state).encode()
         try:
-            self.plan.inboxes[owner][1].send(MOVED_SUBSCRIBER, s.conn_id, blob, s.fd, timeout=5)
+            self.plan.inboxes[owner][1].send(kind, s.conn_id, blob, s.fd, timeout=5)
         except Exception as e:
             self.log.error(f"could not hand {s.remote_text} to worker {owner}: {e}")
             s.close()
             return
         s.detach()
         s.sock.close()
-        self.log.debug(f"worker {self.index}: handed {s.remote_text} to worker {owner} for {sub.topic}")
+        self.log.debug(f"worker {self.index}: handed {s.remote_text} to worker {owner}")
 
-    def _moved_session(self, sock, remote, blob):
+    def _moved_session(self, sock, remote, kind, blob):
         from nsqpy.protocol.identify import ClientSettings
         state = json.loads(blob)
-        self.log.debug(f"worker {self.index}: took over {remote} for {state['topic']}")
         settings = ClientSettings(**state["settings"])
-        parser = V2Parser(self.limits, expect_magic=False, state=STATE_SUBSCRIBED, stop_after_sub=True)
+        if kind == MOVED_SUBSCRIBER:
+            parser = V2Parser(self.limits, expect_magic=False, state=STATE_SUBSCRIBED, stop_after_sub=True)
+        else:
+            parser = V2Parser(self.limits, expect_magic=False, state=state["parser_state"], stop_after_sub=True)
         s = Session(self, sock, self._next_conn(), remote, parser, settings, state["connect_ts"])
         s.pub_counts = state["pub_counts"]
         self.sessions[s.conn_id] = s
@@ -351,6 +373,9 @@ class Worker:
         if unsent:
             s.write(unsent)
         s.start()
+        if kind != MOVED_SUBSCRIBER:
+            return
+        self.log.debug(f"worker {self.index}: took over {remote} for {state['topic']}")
         from nsqpy.protocol.errors import ProtocolError
         try:
             self.subscribe(s, state["topic"], state["channel"])
@@ -359,7 +384,7 @@ class Worker:
             return
         rest = bytes.fromhex(state["rest"])
         if rest:
-            s.handle_bytes(rest)
+            s.on_data(rest)
 
     def forget_session(self, s):
         if self.sessions.pop(s.conn_id, None) is not None:
@@ -375,10 +400,11 @@ class Worker:
 
     def _idle(self):
         more = False
-        if self._staged:
-            self._commit_staged()
         if self._drain_pub_rings():
             more = True
+        if self.pump.staged:
+            self._catch_up()
+            self.pump.commit(self._publish_staged, self.move_producer)
         if self.from_scanner.drain(self._on_scanner):
             more = True
         epoch = self.control.scanner_epoch()

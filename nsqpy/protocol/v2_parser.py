@@ -45,7 +45,7 @@ from nsqpy.protocol.commands import (
     Auth, Cls, Dpub, Fin, FinBatch, Identify, Nop, Pub, Rdy, Req, Sub, Touch)
 from nsqpy.protocol.errors import (
     BadChannel, BadProtocol, BadTopic, DropConnection, Invalid, ProtocolError, go_quote, raw_text)
-from nsqpy.protocol.names import MAX_NAME_LENGTH, is_valid_name, parse_base10, wrap_int64
+from nsqpy.protocol.names import is_valid_name, parse_base10, wrap_int64
 from nsqpy.protocol.states import (
     IGNORED_IN, STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, TRANSITIONS, check_state)
 from nsqpy.protocol.v2_bodies import DONE, MpubBody, SizedBody, u8_view
@@ -102,26 +102,10 @@ class V2Parser:
         self._scanned = 0
         return rest
 
-    def lone_pub(self, data: bytes):
-        """`(topic, body)` when `data` is exactly one complete, valid PUB and nothing is buffered, else None.
-
-        The round-trip publisher's case (one PUB per read) without building a command: anything else, a PUB
-        that would be an error included, returns None and goes through `feed`, the reference for every check.
-        PUB is valid in every client state, so no state is looked at or changed."""
-        if self._buf or self._body is not None or self._need_magic or self.error is not None \
-                or not data.startswith(b"PUB "):
-            return None
-        nl = data.find(b"\n", 4, _LONE_PUB_LINE)
-        if nl < 0:
-            return None
-        body_at = nl + 5
-        size = int.from_bytes(data[nl + 1:body_at], "big")
-        if size <= 0 or size > self.limits.max_msg_size or len(data) != body_at + size:
-            return None
-        topic = _valid_topic(data[4:nl])
-        if topic is None:
-            return None
-        return topic, data[body_at:]
+    @property
+    def idle(self) -> bool:
+        """Nothing is half read: the next byte starts a command (what a compiled fast path may rely on)."""
+        return not self._buf and self._body is None and not self._need_magic and self.error is None
 
     def feed(self, chunk: bytes | bytearray | memoryview) -> list:
         if self.error is not None:
@@ -320,22 +304,6 @@ class V2Parser:
         defer_ms = duration // _MS
         return SizedBody("DPUB", lambda body: Dpub(topic, defer_ms, body), self.limits.max_msg_size,
                          per_message=True)
-
-
-_LONE_PUB_LINE = len(b"PUB ") + MAX_NAME_LENGTH + 1  # the furthest a lone PUB's "\n" can be
-_TOPICS: dict[bytes, str] = {}  # names lone_pub has validated (bounded: cleared when full)
-_TOPICS_MAX = 4096
-
-
-def _valid_topic(raw: bytes) -> str | None:
-    topic = _TOPICS.get(raw)
-    if topic is None:
-        if not is_valid_name(raw):
-            return None
-        if len(_TOPICS) >= _TOPICS_MAX:
-            _TOPICS.clear()
-        topic = _TOPICS[raw] = raw.decode("ascii")
-    return topic
 
 
 def _topic(raw, what: str) -> str:
