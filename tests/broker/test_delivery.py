@@ -218,3 +218,16 @@ def test_ephemeral_channel_is_kept_while_it_has_consumers(addr):
             pass
         producer(addr, topic, b"kept")
         assert a.read_message().body == b"kept"
+
+
+def test_buffered_message_frames_go_out_when_nothing_more_is_queued(addr):
+    """Spec 1.1 flushing: message frames wait in the output buffer at most until nothing more is queued (or the
+    client stops being ready, or the buffer's timer fires). With a 5 s output_buffer_timeout, a 64 KiB buffer and
+    RDY 100, one message still arrives long before the timer: it was all there was."""
+    topic = unique()
+    c = consumer(addr, topic, "ch", rdy=100, output_buffer_timeout=5000, output_buffer_size=65536)
+    with c:
+        t0 = time.monotonic()
+        producer(addr, topic, b"alone")
+        assert c.read_message(timeout=4.0).body == b"alone"
+        assert time.monotonic() - t0 < 4.0
