@@ -42,6 +42,8 @@ def throughput_rows(runs) -> list[str]:
         shape = f"MPUB {r['batch_size']}" if r.get("batch_size", 1) > 1 else "PUB"
         if r["tool"] == "bench_reader":
             shape = f"RDY {r['rdy']}"
+        if r.get("driver") == "epoll":
+            shape += f" (epoll driver, {r.get('driver_processes', 1)} proc)"
         rows.append(f"| {name} | {r['tool']} | {shape} | {r['connections']} | {r['size']} | {_num(r['ops_per_s'])} "
                     f"| {_num(r['mib_per_s'], 1)} | {_num(r['us_per_op'], 3)} | {_num(r.get('ceiling_ops_per_s'))} "
                     f"| {r['errors']} | {r.get('when', '')} |")
