@@ -14,7 +14,7 @@ import os
 import signal
 import time
 
-from workers.worker import NEW_CONNECTION
+from workers.handover import NEW_CONNECTION
 
 RESOURCE_ERRORS = {errno.EMFILE, errno.ENFILE, errno.ENOBUFS, errno.ENOMEM}
 SKIP_ERRORS = {errno.ECONNABORTED, errno.EPROTO, errno.EINTR}

@@ -1,56 +1,50 @@
 """A worker process: serves the V2 sessions handed to it and owns the topics that hash to it.
 
 Theory of operation (see ARCHITECTURE.md for the whole broker):
-* Connections arrive on the worker's hand-over channel (from the acceptor, or from another worker at SUB).
+* Connections arrive on the worker's hand-over channel (from the acceptor, or from another worker), see
+  ``workers/handover.py``; the pump (``workers/pump.py``) reads them all.
 * PUB/MPUB/DPUB for a topic this worker owns are appended to the topic's log; for any other topic they are
   written into the ring towards the owner, and either way ``OK`` goes out only once the messages are committed in
-  shared memory.
+  shared memory. Lone PUBs are published by the pump in one batch per topic and iteration.
 * SUB for a topic owned elsewhere hands the connection over to the owner (``migrate``); otherwise the session
-  joins the channel here, so a channel's consumers, in-flight slots and cursor all live in one process.
-* Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries),
-  deliver to channels that have both messages and ready consumers, then flush every session that has output.
+  joins the channel here, so a channel's consumers, in-flight slots and cursor all live in one process. Round-trip
+  producers follow their topics to the owner too (``move_producer``).
+* Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries), commit
+  the pump's lone PUBs, deliver to channels that have both messages and ready consumers, then flush every session
+  that has output.
 
 Restart: a worker forked again after a crash (``restarted``) reads its topic directory, re-attaches and recovers
 each topic's log, recovers its in-flight table and requeues everything that was in flight at the dead process's
 connections (their clients are gone), then tells the scanner to reset its heap and re-posts the deferred timers.
 """
-import json
 import signal
-import socket
 import struct
 import time
-import zlib
 
 import numpy as np
 
 from ipc import inflight as IF
-from ipc.fdpass import PeerGone
 from ipc.msglog import NO_LOW_WATER
 from ipc.ring import C_READ, P_TAIL
 from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed, TooManyChannelConsumers
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.identify import ServerSettings
-from nsqpy.protocol.states import STATE_SUBSCRIBED
-from nsqpy.protocol.v2_parser import Limits, V2Parser
+from nsqpy.protocol.v2_parser import Limits
 from workers import kernels as K
+from workers.handover import Connections, owner_of
 from workers.loop import Loop
 from workers.pump import Pump
 from workers.scanner import EXPIRED, REMOVE, RESET, START
-from workers.session import MIGRATED, Session
+from workers.session import MIGRATED
 from workers.timers import TimerBatches
 from workers.topic import Topic
 
-NEW_CONNECTION, MOVED_SUBSCRIBER, MOVED_PRODUCER = 1, 2, 3
 FORWARD = 1
 _FWD_HEAD = struct.Struct("<qqqq")  # forwarded publish: message count, timestamp ns, defer ms, topic name length
 FRAME_SCRATCH = 8 << 20
 SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
 FORWARD_WAIT = 0.5             # seconds a publish waits for room in a full ring before it fails
 LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
-
-
-def owner_of(topic, workers):
-    return zlib.crc32(topic.encode()) % workers
 
 
 def server_settings(opts):
@@ -68,7 +62,7 @@ def server_settings(opts):
         max_deflate_level=opts.max_deflate_level, auth_required=False)
 
 
-class Worker:
+class Worker(Connections):
     def __init__(self, plan, index, restarted, log):
         self.plan = plan
         self.opts = plan.opts
@@ -154,42 +148,6 @@ class Worker:
     def _periodic(self):
         self.refresh_low_water(self.topics.values())
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
-
-    def _on_handoff(self):
-        while True:
-            try:
-                msg = self.inbox.try_recv()
-            except PeerGone:
-                self.loop.remove_reader(self.inbox.fileno())
-                return
-            except Exception as e:  # a malformed hand-over: its fds were closed, carry on
-                self.log.error(f"bad hand-over: {e}")
-                continue
-            if msg is None:
-                return
-            sock = socket.socket(fileno=msg.fd)
-            sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-            try:
-                remote = sock.getpeername()[:2]
-            except OSError:
-                sock.close()
-                continue
-            if msg.kind == NEW_CONNECTION:
-                self._new_session(sock, remote, msg.blob)
-            else:
-                self._moved_session(sock, remote, msg.kind, msg.blob)
-
-    def _next_conn(self):
-        self._conn_seq += 1
-        return self._conn_seq
-
-    def _new_session(self, sock, remote, first_bytes=b""):
-        s = Session(self, sock, self._next_conn(), remote)
-        self.sessions[s.conn_id] = s
-        self.control.add_connections(self.index, 1)
-        self.log.info(f"TCP: new client({remote[0]}:{remote[1]})")
-        s.start(first_bytes)
 
     # ---- publishing ------------------------------------------------------------------------------------
     def publish(self, s, topic, bodies, defer_ms, verb):
@@ -326,69 +284,6 @@ class Worker:
         ch.add_consumer(s)
         s.write(OK_FRAME)
         return None
-
-    def migrate(self, s, sub, rest):
-        """Hand a connection that just sent SUB to the topic's owner, with its state and unparsed bytes."""
-        self._hand_over(s, owner_of(sub.topic, self.plan.workers), MOVED_SUBSCRIBER,
-                        {"topic": sub.topic, "channel": sub.channel, "rest": rest.hex()})
-
-    def move_producer(self, s, owner):
-        """The pump saw this producer's last lone PUBs all go to topics of worker ``owner``: hand it there, so
-        its PUBs are appended where they arrive instead of crossing a ring (see ARCHITECTURE.md)."""
-        if s.closed or s.closing_after_flush or s.channel is not None or not s.parser.idle or not s.reading:
-            return
-        self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state})
-
-    def _hand_over(self, s, owner, kind, extra):
-        s.flush()
-        self.pump.settle(s)
-        state = {
-            "settings": {f: getattr(s.settings, f) for f in s.settings.__dataclass_fields__},
-            "connect_ts": s.connect_ts, "unsent": bytes(s.wbuf).hex(), "pub_counts": s.pub_counts, **extra,
-        }
-        blob = json.dumps(state).encode()
-        try:
-            self.plan.inboxes[owner][1].send(kind, s.conn_id, blob, s.fd, timeout=5)
-        except Exception as e:
-            self.log.error(f"could not hand {s.remote_text} to worker {owner}: {e}")
-            s.close()
-            return
-        s.detach()
-        s.sock.close()
-        self.log.debug(f"worker {self.index}: handed {s.remote_text} to worker {owner}")
-
-    def _moved_session(self, sock, remote, kind, blob):
-        from nsqpy.protocol.identify import ClientSettings
-        state = json.loads(blob)
-        settings = ClientSettings(**state["settings"])
-        if kind == MOVED_SUBSCRIBER:
-            parser = V2Parser(self.limits, expect_magic=False, state=STATE_SUBSCRIBED, stop_after_sub=True)
-        else:
-            parser = V2Parser(self.limits, expect_magic=False, state=state["parser_state"], stop_after_sub=True)
-        s = Session(self, sock, self._next_conn(), remote, parser, settings, state["connect_ts"])
-        s.pub_counts = state["pub_counts"]
-        self.sessions[s.conn_id] = s
-        self.control.add_connections(self.index, 1)
-        unsent = bytes.fromhex(state["unsent"])
-        if unsent:
-            s.write(unsent)
-        s.start()
-        if kind != MOVED_SUBSCRIBER:
-            return
-        self.log.debug(f"worker {self.index}: took over {remote} for {state['topic']}")
-        from nsqpy.protocol.errors import ProtocolError
-        try:
-            self.subscribe(s, state["topic"], state["channel"])
-        except ProtocolError as err:
-            s._fail(err)
-            return
-        rest = bytes.fromhex(state["rest"])
-        if rest:
-            s.on_data(rest)
-
-    def forget_session(self, s):
-        if self.sessions.pop(s.conn_id, None) is not None:
-            self.control.add_connections(self.index, -1)
 
     # ---- delivery and flushing -------------------------------------------------------------------------
     def write_frames(self, s, log, positions, attempts):

@@ -1,0 +1,125 @@
+"""A worker's connections: how they arrive (from the acceptor), move between workers (a consumer at SUB, a
+round-trip producer to its topics' owner) and leave.
+
+Theory of operation: a connection travels as its socket (SCM_RIGHTS over the receiving worker's hand-over
+channel) plus a JSON blob of what the session negotiated, the replies it had not sent yet and, for a subscriber,
+the bytes read after SUB. The sending worker flushes first and forgets the socket only once the hand-over was
+sent; the receiving one builds a fresh Session around it. ``Connections`` is mixed into ``Worker``, whose state it
+uses (sessions, pump, plan, control).
+"""
+import json
+import socket
+import zlib
+
+from ipc.fdpass import PeerGone
+from nsqpy.protocol.errors import ProtocolError
+from nsqpy.protocol.identify import ClientSettings
+from nsqpy.protocol.states import STATE_SUBSCRIBED
+from nsqpy.protocol.v2_parser import V2Parser
+from workers.session import Session
+
+NEW_CONNECTION, MOVED_SUBSCRIBER, MOVED_PRODUCER = 1, 2, 3
+
+
+def owner_of(topic, workers):
+    """The worker that owns a topic: a stable hash of its name, the same in every process."""
+    return zlib.crc32(topic.encode()) % workers
+
+
+class Connections:
+    def _on_handoff(self):
+        while True:
+            try:
+                msg = self.inbox.try_recv()
+            except PeerGone:
+                self.loop.remove_reader(self.inbox.fileno())
+                return
+            except Exception as e:  # a malformed hand-over: its fds were closed, carry on
+                self.log.error(f"bad hand-over: {e}")
+                continue
+            if msg is None:
+                return
+            sock = socket.socket(fileno=msg.fd)
+            sock.setblocking(False)
+            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+            try:
+                remote = sock.getpeername()[:2]
+            except OSError:
+                sock.close()
+                continue
+            if msg.kind == NEW_CONNECTION:
+                self._new_session(sock, remote, msg.blob)
+            else:
+                self._moved_session(sock, remote, msg.kind, msg.blob)
+
+    def _next_conn(self):
+        self._conn_seq += 1
+        return self._conn_seq
+
+    def _new_session(self, sock, remote, first_bytes=b""):
+        s = Session(self, sock, self._next_conn(), remote)
+        self.sessions[s.conn_id] = s
+        self.control.add_connections(self.index, 1)
+        self.log.info(f"TCP: new client({remote[0]}:{remote[1]})")
+        s.start(first_bytes)
+
+    def migrate(self, s, sub, rest):
+        """Hand a connection that just sent SUB to the topic's owner, with its state and unparsed bytes."""
+        self._hand_over(s, owner_of(sub.topic, self.plan.workers), MOVED_SUBSCRIBER,
+                        {"topic": sub.topic, "channel": sub.channel, "rest": rest.hex()})
+
+    def move_producer(self, s, owner):
+        """The pump saw this producer's last lone PUBs all go to topics of worker ``owner``: hand it there, so
+        its PUBs are appended where they arrive instead of crossing a ring (see ARCHITECTURE.md)."""
+        if s.closed or s.closing_after_flush or s.channel is not None or not s.parser.idle or not s.reading:
+            return
+        self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state})
+
+    def _hand_over(self, s, owner, kind, extra):
+        s.flush()
+        self.pump.settle(s)
+        state = {
+            "settings": {f: getattr(s.settings, f) for f in s.settings.__dataclass_fields__},
+            "connect_ts": s.connect_ts, "unsent": bytes(s.wbuf).hex(), "pub_counts": s.pub_counts, **extra,
+        }
+        blob = json.dumps(state).encode()
+        try:
+            self.plan.inboxes[owner][1].send(kind, s.conn_id, blob, s.fd, timeout=5)
+        except Exception as e:
+            self.log.error(f"could not hand {s.remote_text} to worker {owner}: {e}")
+            s.close()
+            return
+        s.detach()
+        s.sock.close()
+        self.log.debug(f"worker {self.index}: handed {s.remote_text} to worker {owner}")
+
+    def _moved_session(self, sock, remote, kind, blob):
+        state = json.loads(blob)
+        settings = ClientSettings(**state["settings"])
+        if kind == MOVED_SUBSCRIBER:
+            parser = V2Parser(self.limits, expect_magic=False, state=STATE_SUBSCRIBED, stop_after_sub=True)
+        else:
+            parser = V2Parser(self.limits, expect_magic=False, state=state["parser_state"], stop_after_sub=True)
+        s = Session(self, sock, self._next_conn(), remote, parser, settings, state["connect_ts"])
+        s.pub_counts = state["pub_counts"]
+        self.sessions[s.conn_id] = s
+        self.control.add_connections(self.index, 1)
+        unsent = bytes.fromhex(state["unsent"])
+        if unsent:
+            s.write(unsent)
+        s.start()
+        if kind != MOVED_SUBSCRIBER:
+            return
+        self.log.debug(f"worker {self.index}: took over {remote} for {state['topic']}")
+        try:
+            self.subscribe(s, state["topic"], state["channel"])
+        except ProtocolError as err:
+            s._fail(err)
+            return
+        rest = bytes.fromhex(state["rest"])
+        if rest:
+            s.on_data(rest)
+
+    def forget_session(self, s):
+        if self.sessions.pop(s.conn_id, None) is not None:
+            self.control.add_connections(self.index, -1)
