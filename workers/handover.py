@@ -104,10 +104,10 @@ class Connections:
         s.pub_counts = state["pub_counts"]
         self.sessions[s.conn_id] = s
         self.control.add_connections(self.index, 1)
+        s.start()
         unsent = bytes.fromhex(state["unsent"])
         if unsent:
-            s.write(unsent)
-        s.start()
+            s.write(unsent)  # after start: the pump knows the fd now, and marks it busy
         if kind != MOVED_SUBSCRIBER:
             return
         self.log.debug(f"worker {self.index}: took over {remote} for {state['topic']}")

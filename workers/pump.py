@@ -277,7 +277,7 @@ class Pump:
         while fd >= self.gen.size:
             self._fd_arrays(self.gen.size * 2)
         self.gen[fd] += 1
-        self.busy[fd] = 0
+        self.busy[fd] = 1 if session.wbuf else 0  # output queued before the pump knew the fd goes first
         self.clean[fd] = 0
         self.last_read[fd] = now
         self.tally[fd] = 0

@@ -122,6 +122,8 @@ class Session:
             self.worker.pump.pause(self.fd)
 
     def write(self, data):
+        if self.closed:
+            return  # its fd may already belong to another connection
         if not self.wbuf:
             self.worker.dirty.append(self)
             self.worker.pump.busy[self.fd] = 1  # the pump must not send an OK past queued output

@@ -103,6 +103,7 @@ class _Peer:
 
     def __init__(self, fd):
         self.fd = fd
+        self.wbuf = b""
         self.pub_counts = {}
         self.data = []
 

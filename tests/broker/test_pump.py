@@ -141,3 +141,26 @@ def test_round_trip_producers_move_to_the_owner_and_keep_their_order(nsqd_factor
         for i, ks in seen.items():
             assert ks == ["first"] + [str(k) for k in range(per)], f"producer {i} out of order"
         c.expect_no_frame(within=0.3)
+
+
+def test_per_fd_state_grows_with_the_fd_numbers_and_keeps_what_it_held():
+    """A broker with thousands of connections has fds past the first allocation: growing keeps every value."""
+    import socket
+    pump = Pump(1024)
+    a, b = socket.socketpair()
+    try:
+        class Peer:
+            fd, wbuf, pub_counts = a.fileno(), b"", {}
+        pump.add(Peer, 12.5)
+        pump.gen[7], pump.clean[7], pump.tally_topic[7] = 3, 1, 2
+        size = pump.gen.size
+        pump._fd_arrays(size * 4)
+        assert pump.gen.size == size * 4 and pump.last_read[Peer.fd] == 12.5
+        assert (pump.gen[7], pump.clean[7], pump.tally_topic[7]) == (3, 1, 2)
+        assert pump.tally_topic[size * 4 - 1] == -1 and pump.streak_owner[size] == -1
+        pump.remove(Peer)
+        assert Peer.fd not in pump.sessions
+    finally:
+        pump.close()
+        a.close()
+        b.close()
