@@ -35,6 +35,7 @@ Resource handling: the epoll fd is the pump's; sockets stay owned by their sessi
 before closing or handing one away.
 """
 import select
+import time
 
 import numpy as np
 from numba import njit
@@ -48,6 +49,7 @@ BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets whe
 MAX_EVENTS = 1024
 MOVE_AFTER = 64             # lone PUBs in a row to another worker's topics: the producer may move there...
 MOVE_CROWD = 4              # ...once this many producers here may move to the same worker (see ARCHITECTURE.md)
+FOLLOW_S = 1.0              # after a crowd moved, seconds during which single producers follow it
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
@@ -253,6 +255,7 @@ class Pump:
         self.topic_owner = np.zeros(MAX_TOPICS, np.int64)
         self.movers = np.zeros(MAX_EVENTS, np.int64)
         self.candidates = {}  # worker -> sessions that may move there (see _move_crowds)
+        self.moved_at = {}    # worker -> when a crowd last moved there
         self.sw = np.zeros((3, MAX_EVENTS), np.int64)
         self.out = {k: np.zeros(MAX_EVENTS, np.int64) for k in ("fd", "kind", "off", "len")}
         self.counts = np.zeros(3, np.int64)
@@ -391,17 +394,19 @@ class Pump:
             self._move_crowds(self.movers[:m].tolist(), move)
 
     def _move_crowds(self, fds, move):
-        """Producers whose lone PUBs all go to one other worker move there, but only several at a time: with
-        one or two round-trip producers per worker, spreading them keeps both cores awake and answers sooner
-        than crowding them onto the owner (see ARCHITECTURE.md)."""
+        """Producers whose lone PUBs all go to one other worker move there, but only in crowds: with one to three
+        round-trip producers per worker, spreading them keeps both cores awake and answers sooner than crowding
+        them onto the owner (see ARCHITECTURE.md). Stragglers follow a crowd that moved in the last FOLLOW_S."""
+        now = time.monotonic()
         for fd in fds:
             self.candidates.setdefault(int(self.streak_owner[fd]), set()).add(self.sessions.get(fd))
         for owner, group in self.candidates.items():
             still = {s for s in group if s is not None and self.sessions.get(s.fd) is s
                      and self.streak_owner[s.fd] == owner and self.streak[s.fd] >= MOVE_AFTER}
             self.candidates[owner] = still
-            if len(still) >= MOVE_CROWD:
+            if len(still) >= MOVE_CROWD or still and now - self.moved_at.get(owner, -FOLLOW_S) < FOLLOW_S:
                 self.candidates[owner] = set()
+                self.moved_at[owner] = now
                 for s in still:
                     move(s, owner)
 
