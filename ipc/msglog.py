@@ -70,10 +70,17 @@ class LogFull(LogError):
     """Memory and disk budgets are used up by records some channel still needs; nothing was appended."""
 
 
+# Segments a log may take past its budgets for records that were already acknowledged elsewhere (a worker that
+# forwarded a publish answered OK once it was in the ring; the owner must still append it when the topic filled
+# up meanwhile). The window always has room for them.
+OVERDRAFT_SEGMENTS = 8
+
+
 def log_ctrl_nbytes(segment_size: int, mem_bytes: int, disk_bytes: int = 0,
                     channels: int = DEFAULT_CHANNELS) -> int:
     """Size of the control block for these parameters (place it anywhere, 8-aligned)."""
-    return ctrl_nbytes(channels, window_slots(mem_bytes // segment_size, disk_bytes // segment_size))
+    return ctrl_nbytes(channels, window_slots(mem_bytes // segment_size,
+                                              disk_bytes // segment_size + OVERDRAFT_SEGMENTS))
 
 
 class ShmSegmentProvider:
@@ -130,7 +137,7 @@ class LogCounters:
         hdr = words(ctrl_buf, offset, 8, "message log")
         size, seg, slots, channels, mem, disk = check_header(hdr, MAGIC, VERSION, what="message log")
         check_geometry(seg, channels)
-        if size != ctrl_nbytes(channels, slots) or window_slots(mem, disk) != slots:
+        if size != ctrl_nbytes(channels, slots) or window_slots(mem, disk + OVERDRAFT_SEGMENTS) != slots:
             raise LayoutError(f"message log: inconsistent geometry (size {size}, {slots} slots, {channels} "
                               f"channels, {mem}+{disk} segments)")
         self.ctrl = words(ctrl_buf, offset, ctrl_words(channels, slots), "message log")
@@ -211,7 +218,7 @@ class MessageLog(LogCounters):
         mem, dsk = mem_bytes // segment_size, (disk_bytes // segment_size if disk is not None else 0)
         if mem + dsk < 1:
             raise ValueError("the budgets must hold at least one segment")
-        slots = window_slots(mem, dsk)
+        slots = window_slots(mem, dsk + OVERDRAFT_SEGMENTS)
         size = ctrl_nbytes(channels, slots)
         ctrl = words(ctrl_buf, offset, size // 8, "message log")
         ctrl[:] = 0
@@ -275,11 +282,17 @@ class MessageLog(LogCounters):
             os.close(fd)
         self._count[tier] += 1
 
-    def _allocate(self, k: int) -> None:
+    def has_room(self) -> bool:
+        """A new segment fits in the budgets (after a reclaim, say)."""
+        return sum(self._count) < self.mem_segments + self.disk_segments
+
+    def _allocate(self, k: int, overdraft: bool = False) -> None:
         if self._count[TIER_MEM] < self.mem_segments:
             tier = TIER_MEM
         elif self._count[TIER_DISK] < self.disk_segments:
             tier = TIER_DISK
+        elif overdraft and sum(self._count) < self.mem_segments + self.disk_segments + OVERDRAFT_SEGMENTS:
+            tier = TIER_DISK if self._providers[TIER_DISK] is not None else TIER_MEM
         else:
             raise LogFull(f"message log full: {self.mem_segments} memory and {self.disk_segments} disk "
                           f"segments of {self.segment_size} bytes are all needed")
@@ -299,15 +312,15 @@ class MessageLog(LogCounters):
         py_store_release(self.ctrl, table_at(self.channels) + k % self.slots, EMPTY)
         self._count[tier] = max(0, self._count[tier] - 1)
 
-    def _ensure(self, end: int, keep: int = NO_LOW_WATER) -> None:
+    def _ensure(self, end: int, keep: int = NO_LOW_WATER, overdraft: bool = False) -> None:
         """Create the segments [head, end) needs, reclaiming first (nothing from ``keep`` on) if the budgets
-        are used up."""
+        are used up; ``overdraft``: past the budgets by up to OVERDRAFT_SEGMENTS."""
         s = self.segment_size
         for k in range(self.head // s, (end - 1) // s + 1):
             if not K.segment_present(self.ctrl, k):
                 if sum(self._count) >= self.mem_segments + self.disk_segments:
                     self.reclaim(keep)
-                self._allocate(k)
+                self._allocate(k, overdraft)
 
     def reclaim(self, keep: int = NO_LOW_WATER) -> int:
         """Release every segment wholly below the oldest position still needed (and below ``keep``); returns
@@ -332,10 +345,12 @@ class MessageLog(LogCounters):
             raise LogError(f"{what}: {STATUS_NAMES.get(status, status)}")
         return status
 
-    def append_batch(self, src, offsets, lengths, timestamps, ids, not_before=None, positions=None) -> int:
+    def append_batch(self, src, offsets, lengths, timestamps, ids, not_before=None, positions=None,
+                     overdraft=False) -> int:
         """Append len(lengths) messages, bodies src[offsets[i]:offsets[i]+lengths[i]] (src uint8, the rest
         int64 arrays), all or nothing; returns the first record's position. ``positions`` (int64, optional)
-        receives each record's position. Raises LogFull when the budgets cannot hold the batch."""
+        receives each record's position. Raises LogFull when the budgets (plus OVERDRAFT_SEGMENTS with
+        ``overdraft``, for messages already acknowledged) cannot hold the batch."""
         n = len(lengths)
         if not_before is None:
             if self._zeros.size < n:
@@ -346,7 +361,7 @@ class MessageLog(LogCounters):
         args = (src, offsets, lengths, timestamps, ids, not_before, n, out)
         status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         if status == NEED_SEGMENT:
-            self._ensure(int(K.plan_batch(self.ctrl, self.head, lengths, n)))
+            self._ensure(int(K.plan_batch(self.ctrl, self.head, lengths, n)), overdraft=overdraft)
             status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         return self._check(int(status), "append")
 

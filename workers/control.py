@@ -5,21 +5,29 @@ Layout (int64 words after the common header line, one LINE per process so writer
     line 0          header (magic 'NSQCTRL1', version, size, workers)
     line 1          scanner: epoch (bumped by every scanner start), restarts seen by the supervisor
     line 2 + w      worker w: connections it serves (written by worker w, read by the acceptor), restarts
+    then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
 
 The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop
 iteration and re-post their timers when it moved (the scanner restarted and cleared its heaps).
+
+Full topics: a worker that cannot append to a topic it owns marks it (slot crc32 % FULL_SLOTS holds the crc with
+a marker bit), and the other workers refuse publishes to it at once (E_PUB_FAILED, as nsqd) instead of forwarding
+records the owner could not take. Two full topics on one slot: the later wins, the other's publishes are
+forwarded and land in the log's overdraft (ipc.msglog.OVERDRAFT_SEGMENTS); a topic never looks full by mistake.
 """
 from ipc.atomics import py_fetch_add, py_load_acquire, py_store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
 
 MAGIC = magic("NSQCTRL1")
-VERSION = 1
+VERSION = 2
 SCANNER_EPOCH, SCANNER_RESTARTS = LINE_WORDS, LINE_WORDS + 1
 W_CONNS, W_RESTARTS = 0, 1
+FULL_SLOTS = 256
+_FULL_MARK = 1 << 40
 
 
 def nbytes(workers):
-    return LINE * (2 + workers)
+    return LINE * (2 + workers) + 8 * FULL_SLOTS * workers
 
 
 class Control:
@@ -59,6 +67,20 @@ class Control:
     def restarts(self):
         return [int(self.w[self._worker(w, W_RESTARTS)]) for w in range(self.workers)] + \
             [int(self.w[SCANNER_RESTARTS])]
+
+    def _full_slot(self, w, crc):
+        return (2 + self.workers) * LINE_WORDS + w * FULL_SLOTS + crc % FULL_SLOTS
+
+    def set_topic_full(self, w, crc, full):
+        """Worker w (the owner) marks or clears the topic whose name has this crc32."""
+        i = self._full_slot(w, crc)
+        if full:
+            py_store_release(self.w, i, _FULL_MARK | crc)
+        elif int(self.w[i]) == _FULL_MARK | crc:
+            py_store_release(self.w, i, 0)
+
+    def topic_full(self, w, crc):
+        return int(self.w[self._full_slot(w, crc)]) == _FULL_MARK | crc  # a stale answer costs one publish
 
     def bump_scanner_epoch(self):
         py_fetch_add(self.w, SCANNER_EPOCH, 1)

@@ -12,6 +12,7 @@ Memory budget: NSQ counts ``--mem-queue-size`` in messages; the log counts bytes
 import errno
 import hashlib
 import time
+import zlib
 
 import numpy as np
 
@@ -42,6 +43,8 @@ class Topic:
         self.ids = IdGenerator(worker.opts.node_id)
         self._one_id, self._one_ts = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self.deleted = False
+        self.crc = zlib.crc32(name.encode())
+        self.full = worker.control.topic_full(worker.index, self.crc)  # a restarted owner keeps the mark
         self._open_log(restarted)
 
     # ---- the log ---------------------------------------------------------------------------------------
@@ -78,9 +81,10 @@ class Topic:
             self.ids.last_tick = (last >> 22) + TWEPOCH
             self.ids.sequence = last & SEQUENCE_MASK
 
-    def append(self, src, offsets, lengths, timestamp, defer_ms=0):
+    def append(self, src, offsets, lengths, timestamp, defer_ms=0, acknowledged=False):
         """Append n messages accepted at `timestamp` ns (all or nothing). Returns False when the log is full and
-        nothing was appended."""
+        nothing was appended. ``acknowledged``: another worker already answered OK for them, so they may use
+        the log's overdraft; the topic is then marked full, so that no more are forwarded."""
         n = len(lengths)
         now = time.time_ns()
         if n == 1:  # a single PUB: no allocation (the log copies the arrays' values)
@@ -103,7 +107,16 @@ class Topic:
             except LogFull:
                 if self.ephemeral:
                     return True  # NSQ drops what an ephemeral topic cannot hold
-                return False
+                self.set_full(True)
+                if not acknowledged:
+                    return False
+                try:
+                    self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before, overdraft=True)
+                except LogFull:
+                    return False
+        else:
+            if self.full and self.log.has_room():
+                self.set_full(False)
         self.message_count += n
         self.message_bytes += int(lengths[0]) if n == 1 else int(lengths.sum())
         for ch in self.channels.values():
@@ -136,9 +149,16 @@ class Topic:
         if self.ephemeral and not self.channels:
             self.worker.delete_topic(self.name)
 
+    def set_full(self, full):
+        """Mark (or clear) this topic as full for the other workers: they refuse its publishes at once."""
+        if full != self.full:
+            self.full = full
+            self.worker.control.set_topic_full(self.worker.index, self.crc, full)
+
     def destroy(self):
         """Delete the topic: channels, log segments and the control segment."""
         self.deleted = True
+        self.set_full(False)
         for name in list(self.channels):
             self.delete_channel(name)
         self.log.destroy()

@@ -20,6 +20,7 @@ connections (their clients are gone), then tells the scanner to reset its heap a
 import signal
 import struct
 import time
+import zlib
 
 import numpy as np
 
@@ -188,6 +189,8 @@ class Worker(Connections):
         if owner == self.index:
             return self.get_topic(topic).append(buf, offsets, lengths, now)
         name = topic.encode()
+        if self.control.topic_full(owner, zlib.crc32(name)):
+            return False
         head = _FWD_HEAD.pack(len(lengths), now, 0, len(name)) + name
         pack = self.pump.pack
         pack[:len(head)] = np.frombuffer(head, np.uint8)
@@ -197,6 +200,8 @@ class Worker(Connections):
     def _forward(self, owner, topic, n, lengths, bodies, now, defer_ms):
         """Commit n messages (lengths: n little-endian int64, bodies: concatenated) to the owner's ring."""
         name = topic.encode()
+        if self.control.topic_full(owner, zlib.crc32(name)):
+            return False  # the owner could not take the last ones: refuse now, as nsqd would
         return self._send_forward(owner, b"".join((_FWD_HEAD.pack(n, now, defer_ms, len(name)), name, lengths,
                                                    bodies)))
 
@@ -235,7 +240,7 @@ class Worker(Connections):
             offsets[0] = p
             np.cumsum(lengths[:-1], out=offsets[1:])
             offsets[1:] += p
-        return self.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms)
+        return self.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
 
     def _catch_up(self):
         """Append everything other workers committed to their rings so far, before publishing here: a producer
@@ -394,6 +399,8 @@ class Worker(Connections):
             for ch in topic.channels.values():
                 topic.log.set_low_water(ch.ch, int(lows[ch.key]))
             topic.log.reclaim()
+            if topic.full and topic.log.has_room():
+                topic.set_full(False)
 
     # ---- the topic directory and recovery --------------------------------------------------------------
     def save_meta(self):

@@ -5,6 +5,8 @@ kept across a move, a full topic refused through the fast path."""
 import re
 import struct
 import threading
+import time
+import zlib
 
 import numpy as np
 import pytest
@@ -75,9 +77,9 @@ def test_compiled_recogniser_takes_the_round_trip_and_leaves_the_rest(table):
 
 def test_a_full_topic_refuses_lone_pubs_and_keeps_what_it_answered(nsqd_factory):
     """mem 16 MiB (two segments, the least) + disk 1 MiB (less than a segment: none): 16 KiB lone PUBs until
-    E_PUB_FAILED (fatal). On the topic's owner that comes
-    when the log is full; on the other worker once the ring towards the owner stayed full for a moment (what it
-    holds was answered OK and waits for room). Every PUB answered OK reaches the channel, nothing else does."""
+    E_PUB_FAILED (fatal). On the topic's owner that comes when the log is full; on the other worker as soon as
+    the owner marked the topic full (what was already forwarded goes into the log's overdraft). Every PUB
+    answered OK reaches the channel, nothing else does."""
     nsqd = nsqd_factory("--mem-queue-size=1", "--max-disk-bytes-per-topic=1048576")
     topic = unique()
     body = b"f" * 16384
@@ -164,3 +166,37 @@ def test_per_fd_state_grows_with_the_fd_numbers_and_keeps_what_it_held():
         pump.close()
         a.close()
         b.close()
+
+
+def test_a_full_topic_does_not_hold_up_other_topics(nsqd_factory):
+    """Topic A fills up (no channel, small budget) from producers on both workers; topic B, owned by the same
+    worker, keeps taking publishes from both workers at once, and both keep exactly what they answered OK."""
+    nsqd = nsqd_factory("--mem-queue-size=1", "--max-disk-bytes-per-topic=1048576")
+    a = unique("a")
+    b = next(n for n in (unique("b") for _ in range(200)) if zlib.crc32(n.encode()) % 2 == zlib.crc32(a.encode()) % 2)
+    body = b"f" * 16384
+    fillers = [Conn(nsqd.address) for _ in range(2)]  # the acceptor spreads them: one per worker
+    oks = 0
+    for p in fillers:
+        with p:
+            while True:
+                p.send(C.pub(a, body))
+                kind, data = p.expect_frame()
+                if data != b"OK":
+                    assert (kind, data) == (1, f"E_PUB_FAILED PUB failed topic {a} is full".encode())
+                    break
+                oks += 1
+                assert oks < 5000, "topic a never filled up"
+    others = [Conn(nsqd.address) for _ in range(2)]
+    for i, p in enumerate(others):
+        with p:
+            t0 = time.monotonic()
+            p.publish(b, *[b"%d-%d" % (i, k) for k in range(20)])
+            assert time.monotonic() - t0 < 5.0
+    with consumer(nsqd.address, b, "ch", rdy=100) as c:
+        assert sorted(m.body for m in c.read_messages(40)) == sorted(b"%d-%d" % (i, k) for i in range(2)
+                                                                      for k in range(20))
+    with consumer(nsqd.address, a, "ch", rdy=100) as c:
+        for _ in range(oks):
+            c.send(C.fin(c.read_message().id))
+        c.expect_no_frame(within=0.3)
