@@ -32,6 +32,8 @@ def main(argv=None):
         print(version_string())
         return 0
     log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    sup = Supervisor(log)
+    sup.trap_stop_signals()
     log.info(version_string())
     log.info(f"ID: {opts.node_id}")
     plan = Plan(opts, log)
@@ -45,7 +47,6 @@ def main(argv=None):
         log.fatal(f"failed to start: {e}")
         plan.destroy()
         return 1
-    sup = Supervisor(log)
     sup.cleanups.append(plan.destroy)
     sup.add("acceptor", lambda restarted, ready: acceptor_main(plan, restarted, ready, log))
     for w in range(plan.workers):

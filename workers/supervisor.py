@@ -106,6 +106,13 @@ class Supervisor:
     def _on_signal(self, signum, frame):
         self._signals.append(signum)
 
+    def trap_stop_signals(self):
+        """From now on SIGTERM/SIGINT are only recorded; ``run`` acts on them. Call it first thing: a stop that
+        arrives while nsqd warms up or starts its children would otherwise kill this process alone (leaving
+        orphaned children and shared memory behind). Children reset the handlers at fork."""
+        for sig in (signal.SIGTERM, signal.SIGINT):
+            signal.signal(sig, self._on_signal)
+
     def run(self):
         """Supervise until SIGTERM/SIGINT; returns the process exit code."""
         wake_r, wake_w = os.pipe()
