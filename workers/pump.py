@@ -218,8 +218,9 @@ def _settle_and_send(st_fd, st_gen, st_topic, failed, n, gen, busy, tally, tally
 
 
 @njit(cache=True)
-def _pack_bodies(buf, offsets, lengths, out, at):
-    """n little-endian int64 lengths, then the n bodies, into out[at:]; returns the end."""
+def pack_bodies(src, offsets, lengths, out, at):
+    """n little-endian int64 lengths, then the n bodies src[offsets[i]:offsets[i]+lengths[i]], into out[at:]
+    (a forwarded publish's payload after its header); returns the end."""
     n = lengths.size
     for i in range(n):
         v = lengths[i]
@@ -228,7 +229,7 @@ def _pack_bodies(buf, offsets, lengths, out, at):
     p = at + 8 * n
     for i in range(n):
         o, k = offsets[i], lengths[i]
-        out[p:p + k] = buf[o:o + k]
+        out[p:p + k] = src[o:o + k]
         p += k
     return p
 
@@ -240,7 +241,6 @@ class Pump:
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
         self.buf = np.empty(BUFFER_SIZE, np.uint8)
-        self.pack = np.empty(BUFFER_SIZE + 64 * 1024, np.uint8)
         self.ok_frame = np.frombuffer(OK_FRAME, np.uint8).copy()
         self.events = S.events_buffer(MAX_EVENTS)
         self.sessions = {}   # fd -> Session
@@ -409,10 +409,6 @@ class Pump:
                 self.moved_at[owner] = now
                 for s in still:
                     move(s, owner)
-
-    def pack_bodies(self, offsets, lengths, at):
-        """Forwarding payload helper: lengths then bodies of staged messages into ``self.pack`` from ``at``."""
-        return _pack_bodies(self.buf, offsets, lengths, self.pack, at)
 
     def close(self):
         self.ep.close()

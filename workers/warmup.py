@@ -19,7 +19,7 @@ from nsqpy.protocol import client as enc
 from nsqpy.protocol.ids import IdGenerator
 from nsqpy.protocol.v2_parser import V2Parser
 from workers import kernels as K
-from workers.pump import Pump
+from workers.pump import Pump, pack_bodies
 from workers.scanner import apply_removes, apply_starts
 
 ID = b"0123456789abcdef"
@@ -123,8 +123,10 @@ def _pump():
         there.sendall(enc.pub("t", b"x"))
         select.select([here], [], [], 5)
         pump.read()
-        pump.commit(lambda topic, buf, offsets, lengths: pump.pack_bodies(offsets, lengths, 0) > 0,
+        out = np.empty(64, np.uint8)
+        pump.commit(lambda topic, buf, offsets, lengths: pack_bodies(buf, offsets, lengths, out, 0) > 0,
                     lambda session, worker: None)
+        pack_bodies(np.frombuffer(b"xy", np.uint8), np.zeros(1, np.int64), np.ones(1, np.int64), out, 0)
         there.recv(64)
         pump.remove(peer)
     finally:

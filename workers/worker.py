@@ -34,7 +34,7 @@ from nsqpy.protocol.v2_parser import Limits
 from workers import kernels as K
 from workers.handover import Connections, owner_of
 from workers.loop import Loop
-from workers.pump import Pump
+from workers.pump import Pump, pack_bodies
 from workers.scanner import EXPIRED, REMOVE, RESET, START
 from workers.session import MIGRATED
 from workers.timers import TimerBatches
@@ -91,6 +91,7 @@ class Worker(Connections):
         self._topic_seq = 0
         self._channel_seq = 0
         self._scratch = np.empty(FRAME_SCRATCH, np.uint8)
+        self._pack = np.empty(FRAME_SCRATCH, np.uint8)  # forwarded publishes (bigger ones get their own)
         self._one_off, self._one_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self._fwd_off, self._fwd_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self._scanner_epoch = self.control.scanner_epoch()
@@ -171,14 +172,8 @@ class Worker(Connections):
             ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
             if not ok:
                 raise error(f"{verb} failed topic {topic} is full")
-        else:
-            if n == 1:
-                o = int(offsets[0])
-                bodies = src[o:o + int(lengths[0])].tobytes()
-            else:
-                bodies = b"".join(src[o:o + k].tobytes() for o, k in zip(offsets.tolist(), lengths.tolist()))
-            if not self._forward(owner, topic, n, lengths.astype("<i8").tobytes(), bodies, now, defer_ms):
-                raise error(f"{verb} failed topic {topic} is full")
+        elif not self._forward(owner, topic, src, offsets, lengths, now, defer_ms):
+            raise error(f"{verb} failed topic {topic} is full")
         s.count_pub(topic, n)
         self.pump.learn_topic(topic, owner)
 
@@ -188,22 +183,20 @@ class Worker(Connections):
         owner = owner_of(topic, self.plan.workers)
         if owner == self.index:
             return self.get_topic(topic).append(buf, offsets, lengths, now)
-        name = topic.encode()
-        if self.control.topic_full(owner, zlib.crc32(name)):
-            return False
-        head = _FWD_HEAD.pack(len(lengths), now, 0, len(name)) + name
-        pack = self.pump.pack
-        pack[:len(head)] = np.frombuffer(head, np.uint8)
-        end = self.pump.pack_bodies(offsets, lengths, len(head))
-        return self._send_forward(owner, pack[:end])
+        return self._forward(owner, topic, buf, offsets, lengths, now, 0)
 
-    def _forward(self, owner, topic, n, lengths, bodies, now, defer_ms):
-        """Commit n messages (lengths: n little-endian int64, bodies: concatenated) to the owner's ring."""
+    def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
+        """Commit n messages (bodies src[offsets[i]:offsets[i]+lengths[i]]) to the owner's ring as one record;
+        False when the owner marked the topic full, or its ring stayed full."""
         name = topic.encode()
         if self.control.topic_full(owner, zlib.crc32(name)):
             return False  # the owner could not take the last ones: refuse now, as nsqd would
-        return self._send_forward(owner, b"".join((_FWD_HEAD.pack(n, now, defer_ms, len(name)), name, lengths,
-                                                   bodies)))
+        n = len(lengths)
+        head = _FWD_HEAD.pack(n, now, defer_ms, len(name)) + name
+        size = len(head) + 8 * n + int(lengths.sum())
+        out = self._pack if size <= self._pack.size else np.empty(size, np.uint8)
+        out[:len(head)] = np.frombuffer(head, np.uint8)
+        return self._send_forward(owner, out[:pack_bodies(src, offsets, lengths, out, len(head))])
 
     def _send_forward(self, owner, payload):
         """Commit one record to the owner's ring; False when it stayed full for FORWARD_WAIT (the owner cannot
