@@ -7,13 +7,16 @@ the same bytes through the page cache, exactly as with a /dev/shm segment; only 
 header is the common layout header (``ipc.layout``: magic 'NSQPYFSG', layout version, payload size, tag, tag
 version), written with the magic last, so a file cut short by a crash during creation is refused on attach
 rather than read as a segment. Creation is O_CREAT|O_EXCL plus ``posix_fallocate``: a full disk fails at creation
-with ``SegmentError``, never later as SIGBUS in whichever process touches an unbacked page.
+with ``SegmentError``, never later as SIGBUS in whichever process touches an unbacked page (a write fault on a hole
+of an ext4 file that finds no free block). Like a /dev/shm log segment, a file segment of the log is sparse
+(``reserve=``): sized in full, reserved as the log reaches it (``FileSegmentProvider.reserve``), so a spilled
+topic takes disk blocks for what it holds, not for its segment size.
 
 Durability: pages reach the disk when the kernel writes them back (or on ``flush()``); a segment survives the
 death of every process, not a power cut, unless flushed. Nothing here registers with a resource tracker.
 
 ``FileSegmentProvider`` hands numbered segments of one log to ``ipc.msglog.MessageLog`` as file descriptors whose
-payload starts at ``payload_offset`` (the log maps them into its own window).
+payload starts at ``payload_offset`` (the log maps them into its own window); see ``ipc.shm.SegmentProvider``.
 """
 from __future__ import annotations
 
@@ -23,7 +26,8 @@ import os
 
 
 from ipc.layout import HEADER_WORDS, LayoutError, align_up, magic, stamp_header, words
-from ipc.shm import MappedPayload, SegmentError, check_mapped_header, reserve_and_map
+from ipc.shm import (MappedPayload, SegmentError, SegmentProvider, check_mapped_header, reserve_and_map,
+                     reserved_bytes)
 
 __all__ = ["FileSegment", "FileSegmentProvider", "PAYLOAD_OFFSET"]
 
@@ -40,8 +44,10 @@ class FileSegment(MappedPayload):
         self.path = path
 
     @classmethod
-    def create(cls, path: str, size: int, tag: int = 0, tag_version: int = 0) -> "FileSegment":
-        """Create, reserve and stamp a new file of ``size`` payload bytes; fails if the path exists."""
+    def create(cls, path: str, size: int, tag: int = 0, tag_version: int = 0,
+               reserve: int | None = None) -> "FileSegment":
+        """Create, reserve and stamp a new file of ``size`` payload bytes; fails if the path exists. With
+        ``reserve`` only the header and the first ``reserve`` payload bytes are reserved (as ``Segment.create``)."""
         if size <= 0:
             raise ValueError("segment size must be positive")
         total = PAYLOAD_OFFSET + align_up(size, mmap.PAGESIZE)
@@ -50,7 +56,7 @@ class FileSegment(MappedPayload):
         except FileExistsError as exc:
             raise SegmentError(errno.EEXIST, f"file segment {path} already exists") from exc
         try:
-            mapping = reserve_and_map(fd, total, path, "is the disk full?")
+            mapping = reserve_and_map(fd, total, path, "is the disk full?", reserved_bytes(reserve, total))
         except BaseException:
             os.unlink(path)
             raise
@@ -91,11 +97,12 @@ class FileSegment(MappedPayload):
         except FileNotFoundError:
             pass
 
-class FileSegmentProvider:
+class FileSegmentProvider(SegmentProvider):
     """Segments ``<directory>/<prefix>.<k>.seg`` of one message log (the disk tier)."""
 
     tier_name = "disk"
-    payload_offset = PAYLOAD_OFFSET
+    segment_class = FileSegment
+    hint = "is the disk full?"
 
     def __init__(self, directory: str, prefix: str):
         if "/" in prefix or not prefix:
@@ -106,14 +113,11 @@ class FileSegmentProvider:
     def name(self, k: int) -> str:
         return os.path.join(self.directory, f"{self.prefix}.{k:012d}.seg")
 
-    def create(self, k: int, size: int, tag: int, tag_version: int) -> int:
-        """A new zero-filled segment k; returns an fd (the caller closes it) whose payload is at payload_offset."""
-        FileSegment.create(self.name(k), size, tag, tag_version).close()
-        return os.open(self.name(k), os.O_RDWR | os.O_CLOEXEC)
-
-    def open(self, k: int, size: int, tag: int, tag_version: int) -> int:
-        FileSegment.attach(self.name(k), size, tag, tag_version).close()
-        return os.open(self.name(k), os.O_RDWR | os.O_CLOEXEC)
+    def _fd(self, k: int) -> int:
+        try:
+            return os.open(self.name(k), os.O_RDWR | os.O_CLOEXEC)
+        except FileNotFoundError as exc:
+            raise SegmentError(errno.ENOENT, f"no file segment {self.name(k)}") from exc
 
     def unlink(self, k: int) -> None:
         try:

@@ -12,6 +12,16 @@ Theory of operation
   the disk budget has room, else the append fails with ``LogFull`` and nothing of the batch is visible. An
   ephemeral topic has no disk provider. The segment table in the control block records each segment's tier, so
   a restarted owner re-attaches every segment where it is.
+* **Space, not only budgets.** Segments are sparse (``ipc.shm``): a segment's pages are reserved (fallocate) as
+  the log reaches them, up to RESERVED in the control block (see ``msglog_layout``), so what a topic costs grows
+  with what it holds: nothing until its first append (the first segment is created then), a page for one small
+  message. A segment's first reservation is what the batch needs; later ones double it (by ``RESERVE_STEP`` ..
+  ``RESERVE_STEP_MAX``), so an append pays the reopen + fallocate + close only a few times per segment. The memory
+  tier also leaves /dev/shm's safety reserve free (``ipc.shm.check_shm_room``). When a new segment finds no
+  space in shared memory it goes to disk like a spill; when the segment at the head cannot grow, it is sealed
+  (a PAD to its end) if another tier can take the next segment. When no tier has the space, the append raises
+  ``LogNoSpace`` (which tier, which file, why), distinct from ``LogFull`` (budgets): nothing is appended, and
+  the same call succeeds once space is back. Nothing but LogFull/LogNoSpace/LogError leaves an append.
 * **Channels** (``DEFAULT_CHANNELS`` = 256 slots, at most 1024): a cursor, depth counters and a low-water mark.
   The first channel of a topic takes the backlog, later ones start at the head (NSQ's rule).
 * **Reclaim** frees whole segments below ``min over open channels of min(cursor, low_water)``; with no channel,
@@ -30,18 +40,22 @@ Theory of operation
 * **Crash recovery.** Records commit by their first word (length | flags), store-released last; a batch commits
   through one gate word (see ``msglog_kernels``). ``recover()`` drops segments below the tail, rescans the
   records committed after the published head, republishes the head and counters (idempotently, from per-record
-  sequence numbers) and zeroes everything past the head, so a torn append is invisible and later overwritten.
-  Segment lifecycle order keeps crashes harmless: create + map, then publish in the table; release by storing
-  the tail first, then unlinking, then clearing the table entry. An object left by a crash between create and
-  publish is unlinked before its number is used again (or by ``destroy``).
+  sequence numbers) and zeroes what is reserved past the head, so a torn append is invisible and later
+  overwritten (nothing was written past RESERVED, and its pages may be holes: they are not touched).
+  Segment lifecycle order keeps crashes harmless: create + reserve + map, then publish in the table, then move
+  RESERVED; release by storing the tail first, then unlinking, then clearing the table entry. An object left by
+  a crash between create and publish is unlinked before its number is used again (or by ``destroy``).
 
 Resource handling: ``close()`` unmaps everything (segments stay for a re-attaching owner); ``destroy()`` unlinks
 every segment of the log. The arrays of a ``read`` result are reused by the next ``read`` (likewise
 ``records_at``).
-Error handling: kernels return status codes; this class turns them into ``LogFull``/``LogError``/``ValueError``.
+Error handling: kernels return status codes; this class turns them into ``LogFull``/``LogNoSpace``/``LogError``/
+``ValueError``, and OS errors of its segments into ``LogNoSpace`` (no space) or ``LogError``.
 """
 from __future__ import annotations
 
+import errno
+import mmap
 import os
 
 import numpy as np
@@ -49,25 +63,57 @@ import posix_ipc
 
 from ipc import msglog_kernels as K
 from ipc.atomics import py_load_acquire, py_store_release
-from ipc.layout import LayoutError, check_header, stamp_header, words
+from ipc.layout import LayoutError, align_up, check_header, stamp_header, words
 from ipc.msglog_layout import (BAD_POSITION, CH_ACTIVE, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, FULL, HDR,
-                               MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, P_CHANNELS, P_DISK_SEGS,
-                               P_MEM_SEGS, P_SEGMENT_SIZE, P_SLOTS, S_HEAD, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG,
-                               SEGMENT_TAG_VERSION, STATUS_NAMES, TAIL, TIER_DISK, TIER_MEM, TOO_BIG, VERSION,
-                               channel_base, check_geometry, ctrl_nbytes, ctrl_words, table_at, window_slots)
+                               MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
+                               S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES, TAIL, TIER_DISK,
+                               TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base, check_geometry,
+                               ctrl_nbytes, ctrl_words, table_at, window_slots)
 from ipc.msglog_window import SegmentWindow
-from ipc.shm import PAYLOAD_OFFSET, Segment, unlink_name
+from ipc.shm import Segment, SegmentError, SegmentProvider, check_shm_room, open_segment_fd, unlink_name
 
-__all__ = ["MessageLog", "LogCounters", "ShmSegmentProvider", "ReadBatch", "LogError", "LogFull",
-           "DEFAULT_CHANNELS", "NO_LOW_WATER", "log_ctrl_nbytes"]
+__all__ = ["MessageLog", "LogCounters", "ShmSegmentProvider", "ReadBatch", "LogError", "LogFull", "LogNoSpace",
+           "DEFAULT_CHANNELS", "NO_LOW_WATER", "RESERVE_STEP", "RESERVE_STEP_MAX", "log_ctrl_nbytes"]
 
 
 class LogError(RuntimeError):
-    """The log refused an operation (bad channel, bad position, corrupt record)."""
+    """The log refused an operation (bad channel, bad position, corrupt record, a segment it cannot make)."""
 
 
 class LogFull(LogError):
     """Memory and disk budgets are used up by records some channel still needs; nothing was appended."""
+
+
+class LogNoSpace(LogError):
+    """No tier had the space (in /dev/shm, or on disk) for the batch: nothing was appended, the log stays usable
+    and the same call succeeds once space is back. ``causes``: (tier, segment name or path, reason) of each
+    refusal, also spelled out in the message."""
+
+    def __init__(self, what: str, causes):
+        self.causes = list(causes)
+        super().__init__(f"{what}: " + "; ".join(f"{tier} tier, {name}: {why}" for tier, name, why in self.causes))
+
+
+class _GrowthRefused(LogNoSpace):
+    """Segment ``segment`` (of tier ``tier``) could not reserve the pages the batch needs."""
+
+    def __init__(self, what: str, causes, segment: int, tier: int):
+        super().__init__(what, causes)
+        self.segment, self.tier = segment, tier
+
+
+# Past its first reservation (what the first batch needs), a segment's reserved pages grow by what it already
+# holds, at least RESERVE_STEP and at most RESERVE_STEP_MAX: each growth costs a reopen, a fallocate and a close, so
+# a busy segment pays them O(log) times (a few more in a big segment), an idle topic holds a page or two, and a
+# 64 MiB message costs 64 MiB and a step, not the 128 MiB that doubling would reserve after it.
+RESERVE_STEP = 64 << 10
+RESERVE_STEP_MAX = 8 << 20
+PAGE = mmap.PAGESIZE
+_SPACE_ERRNOS = (errno.ENOSPC, errno.EDQUOT)
+
+
+def _refusal(provider, k: int, exc: OSError) -> tuple[str, str, str]:
+    return provider.tier_name, provider.name(k), exc.strerror or str(exc)
 
 
 # Segments a log may take past its budgets for records that were already acknowledged elsewhere (a worker that
@@ -83,11 +129,13 @@ def log_ctrl_nbytes(segment_size: int, mem_bytes: int, disk_bytes: int = 0,
                                               disk_bytes // segment_size + OVERDRAFT_SEGMENTS))
 
 
-class ShmSegmentProvider:
-    """Segments ``<base>.<k>`` in /dev/shm (the memory tier), created through ``ipc.shm.Segment``."""
+class ShmSegmentProvider(SegmentProvider):
+    """Segments ``<base>.<k>`` in /dev/shm (the memory tier), created through ``ipc.shm.Segment``; reserving in
+    them leaves /dev/shm's safety reserve free."""
 
     tier_name = "memory"
-    payload_offset = PAYLOAD_OFFSET
+    segment_class = Segment
+    hint = "is /dev/shm full?"
 
     def __init__(self, base: str):
         self.base = base if base.startswith("/") else "/" + base
@@ -96,16 +144,10 @@ class ShmSegmentProvider:
         return f"{self.base}.{k}"
 
     def _fd(self, k: int) -> int:
-        shm = posix_ipc.SharedMemory(self.name(k))
-        return shm.fd  # the caller closes it once mapped
+        return open_segment_fd(self.name(k))  # the caller closes it
 
-    def create(self, k: int, size: int, tag: int, tag_version: int) -> int:
-        Segment.create(self.name(k), size, tag, tag_version).close()
-        return self._fd(k)
-
-    def open(self, k: int, size: int, tag: int, tag_version: int) -> int:
-        Segment.attach(self.name(k), size, tag, tag_version).close()
-        return self._fd(k)
+    def _check_room(self, nbytes: int, k: int) -> None:
+        check_shm_room(nbytes, f"segment {self.name(k)}")
 
     def unlink(self, k: int) -> None:
         unlink_name(self.name(k))
@@ -171,6 +213,11 @@ class LogCounters:
     def tail(self) -> int:
         return int(py_load_acquire(self.ctrl, TAIL))
 
+    @property
+    def reserved(self) -> int:
+        """Position up to which the segments' pages are reserved (see msglog_layout)."""
+        return int(py_load_acquire(self.ctrl, RESERVED))
+
     def cursor(self, ch: int) -> int:
         self._check_open(ch)
         return int(K.cursor_snapshot(self.ctrl, ch, C_CURSOR))
@@ -199,7 +246,7 @@ class MessageLog(LogCounters):
         if self.disk_segments and disk is None:
             raise ValueError("this log has a disk budget: give it a disk segment provider")
         self._providers = (memory, disk)
-        self.window = SegmentWindow(self.slots, self.segment_size)
+        self.window = SegmentWindow(int(self.ctrl[WINDOW]) or self.slots, self.segment_size)
         self._count = [0, 0]
         self._batches = [ReadBatch(0), ReadBatch(0)]
         self._one = [np.zeros(1, dtype=np.int64) for _ in range(5)]
@@ -207,13 +254,14 @@ class MessageLog(LogCounters):
         self._no_positions = np.zeros(0, dtype=np.int64)
         for k, tier in self.segments():
             if k >= self.tail // self.segment_size:
-                self._map_segment(k, tier, create=False)
+                self._map_segment(k, tier)
 
     # life-cycle -------------------------------------------------------------------------------------------
     @classmethod
     def create(cls, ctrl_buf, offset: int, *, segment_size: int, mem_bytes: int, memory, disk_bytes: int = 0,
                disk=None, channels: int = DEFAULT_CHANNELS) -> "MessageLog":
-        """Initialise a control block at ctrl_buf[offset:] (size ``log_ctrl_nbytes``) and the first segment."""
+        """Initialise a control block at ctrl_buf[offset:] (size ``log_ctrl_nbytes``). The first segment comes
+        with the first append: an idle topic costs its control block only."""
         check_geometry(segment_size, channels)
         mem, dsk = mem_bytes // segment_size, (disk_bytes // segment_size if disk is not None else 0)
         if mem + dsk < 1:
@@ -225,10 +273,9 @@ class MessageLog(LogCounters):
         ctrl[table_at(channels):table_at(channels) + slots] = EMPTY
         for ch in range(channels):
             ctrl[channel_base(ch) + CH_LOW_WATER] = NO_LOW_WATER
+        ctrl[WINDOW] = min(slots, INITIAL_WINDOW)
         stamp_header(ctrl, MAGIC, VERSION, size, (segment_size, slots, channels, mem, dsk))
-        log = cls(ctrl_buf, offset, memory, disk)
-        log._allocate(0)
-        return log
+        return cls(ctrl_buf, offset, memory, disk)
 
     @classmethod
     def attach(cls, ctrl_buf, offset: int, memory, disk=None) -> "MessageLog":
@@ -244,11 +291,14 @@ class MessageLog(LogCounters):
         head = int(K.recover_scan(self.ctrl, self.window.data64))
         if head == BAD_POSITION:
             raise LogError("message log: a committed record is malformed (corrupt segment)")
+        # a segment sealed just before the crash: the head passed its PAD, RESERVED was not moved yet
+        reserved = max(self.reserved, head)
+        py_store_release(self.ctrl, RESERVED, reserved)
         s = self.segment_size
         for k, _ in self.segments():
-            start = max(head, k * s)
-            if start < (k + 1) * s:
-                K.zero_range(self.window.data64, self.ctrl, start, (k + 1) * s)
+            start, end = max(head, k * s), min(reserved, (k + 1) * s)
+            if start < end:
+                K.zero_range(self.window.data64, self.ctrl, start, end)
         self._count = [sum(1 for _, t in self.segments() if t == tier) for tier in (TIER_MEM, TIER_DISK)]
         return head
 
@@ -270,30 +320,71 @@ class MessageLog(LogCounters):
         self.close()
 
     # segments ---------------------------------------------------------------------------------------------
-    def _map_segment(self, k: int, tier: int, create: bool) -> None:
+    def _map_segment(self, k: int, tier: int, reserve: int | None = None) -> None:
+        """Map segment k of tier into the window: attach it, or with ``reserve`` create it with that many payload
+        bytes reserved (a created segment that cannot be mapped is removed again)."""
         provider = self._providers[tier]
-        if create:
-            fd = provider.create(k, self.segment_size, SEGMENT_TAG, SEGMENT_TAG_VERSION)
-        else:
+        self._fit(k)
+        if reserve is None:
             fd = provider.open(k, self.segment_size, SEGMENT_TAG, SEGMENT_TAG_VERSION)
+        else:
+            fd = provider.create(k, self.segment_size, SEGMENT_TAG, SEGMENT_TAG_VERSION, reserve)
         try:
             self.window.map(k, fd, provider.payload_offset)
+        except BaseException:
+            if reserve is not None:
+                provider.unlink(k)
+            raise
         finally:
             os.close(fd)
         self._count[tier] += 1
+
+    def _fit(self, k: int) -> None:
+        """Make the window hold segment k beside every segment mapped now: double it (up to the table's W slots)
+        and map the retained segments again at their new slots. Amortised: a topic that fills its budgets grows
+        its window log2(W / INITIAL_WINDOW) times; an idle one never does."""
+        w = self.window
+        mapped = [m for m in w.mapped if m >= 0]
+        span = max(mapped + [k]) - min(mapped + [k]) + 1
+        if span <= w.slots:
+            return
+        slots = min(self.slots, 1 << (span - 1).bit_length())
+        if span > slots:
+            raise LogError(f"message log: {span} segments retained, the table holds {self.slots}")
+        bigger = SegmentWindow(slots, self.segment_size)
+        try:
+            tiers = dict(self.segments())
+            for m in sorted(mapped):
+                provider = self._providers[tiers[m]]
+                fd = provider.open(m, self.segment_size, SEGMENT_TAG, SEGMENT_TAG_VERSION)
+                try:
+                    bigger.map(m, fd, provider.payload_offset)
+                finally:
+                    os.close(fd)
+        except BaseException:
+            bigger.close()
+            raise
+        py_store_release(self.ctrl, WINDOW, slots)  # kernels take the mask from here: the new window from now on
+        self.window = bigger
+        w.close()
 
     def has_room(self) -> bool:
         """A new segment fits in the budgets (after a reclaim, say)."""
         return sum(self._count) < self.mem_segments + self.disk_segments
 
-    def _allocate(self, k: int, overdraft: bool = False) -> None:
-        if self._count[TIER_MEM] < self.mem_segments:
-            tier = TIER_MEM
-        elif self._count[TIER_DISK] < self.disk_segments:
-            tier = TIER_DISK
-        elif overdraft and sum(self._count) < self.mem_segments + self.disk_segments + OVERDRAFT_SEGMENTS:
-            tier = TIER_DISK if self._providers[TIER_DISK] is not None else TIER_MEM
-        else:
+    def _tiers(self, overdraft: bool) -> list[int]:
+        """The tiers whose budget takes a new segment, in order of preference."""
+        tiers = [tier for tier, used, budget in zip((TIER_MEM, TIER_DISK), self._count,
+                                                    (self.mem_segments, self.disk_segments)) if used < budget]
+        if not tiers and overdraft and sum(self._count) < self.mem_segments + self.disk_segments + OVERDRAFT_SEGMENTS:
+            tiers = [tier for tier in (TIER_DISK, TIER_MEM) if self._providers[tier] is not None]
+        return tiers
+
+    def _allocate(self, k: int, reserve: int, overdraft: bool = False) -> None:
+        """Create segment k with ``reserve`` payload bytes reserved, in the first tier whose budget and space
+        take it (a tier short of space passes it on: spill). LogFull / LogNoSpace when none does."""
+        tiers = self._tiers(overdraft)
+        if not tiers:
             raise LogFull(f"message log full: {self.mem_segments} memory and {self.disk_segments} disk "
                           f"segments of {self.segment_size} bytes are all needed")
         slot = table_at(self.channels) + k % self.slots
@@ -302,8 +393,18 @@ class MessageLog(LogCounters):
         for provider in self._providers:
             if provider is not None:
                 provider.unlink(k)  # an object a crash left between create and publish
-        self._map_segment(k, tier, create=True)
-        py_store_release(self.ctrl, slot, k << 1 | tier)
+        refusals = []
+        for tier in tiers:
+            try:
+                self._map_segment(k, tier, reserve)
+            except SegmentError as e:
+                if e.errno not in _SPACE_ERRNOS:
+                    raise
+                refusals.append(_refusal(self._providers[tier], k, e))
+                continue
+            py_store_release(self.ctrl, slot, k << 1 | tier)
+            return
+        raise LogNoSpace(f"message log: no space for segment {k} ({reserve} bytes)", refusals)
 
     def _release(self, k: int, tier: int) -> None:
         if self.window is not None:  # destroy() also works on a closed handle
@@ -312,15 +413,65 @@ class MessageLog(LogCounters):
         py_store_release(self.ctrl, table_at(self.channels) + k % self.slots, EMPTY)
         self._count[tier] = max(0, self._count[tier] - 1)
 
-    def _ensure(self, end: int, keep: int = NO_LOW_WATER, overdraft: bool = False) -> None:
-        """Create the segments [head, end) needs, reclaiming first (nothing from ``keep`` on) if the budgets
-        are used up; ``overdraft``: past the budgets by up to OVERDRAFT_SEGMENTS."""
+    def _grow(self, k: int, start: int, end: int, least: int) -> int:
+        """Reserve payload bytes [start, end) of present segment k, or at least [start, least) when its tier is
+        short of space; returns where the reservation ends."""
+        tier = int(self.ctrl[table_at(self.channels) + k % self.slots]) & 1
+        provider = self._providers[tier]
+        for upto in (end, least) if least < end else (end,):
+            try:
+                provider.reserve(k, start, upto)
+                return upto
+            except SegmentError as e:
+                if e.errno not in _SPACE_ERRNOS:
+                    raise
+                refusal = _refusal(provider, k, e)
+        raise _GrowthRefused(f"message log: no space to grow segment {k} to {least} bytes", [refusal], k, tier)
+
+    def _reserve_to(self, end: int, keep: int, overdraft: bool) -> None:
+        """Create the segments and reserve the pages that a batch from the head to ``end`` needs (see
+        RESERVE_STEP for how much more a segment reserves), publishing RESERVED as each segment is done."""
         s = self.segment_size
-        for k in range(self.head // s, (end - 1) // s + 1):
-            if not K.segment_present(self.ctrl, k):
+        reserved = self.reserved
+        need = int(K.reserve_end(self.ctrl, self.head, end))
+        if need <= reserved:
+            return
+        last = (need - 1) // s
+        held = max(reserved - last * s, 0)
+        least = align_up(need - last * s, PAGE)
+        step = min(max(RESERVE_STEP, held), RESERVE_STEP_MAX)
+        grown = least if held == 0 else min(s, max(least, align_up(held + step, PAGE)))
+        for k in range(reserved // s, last + 1):
+            start = max(reserved - k * s, 0)
+            upto, at_least = (grown, least) if k == last else (s, s)
+            if K.segment_present(self.ctrl, k):
+                upto = self._grow(k, start, upto, at_least)
+            else:
                 if sum(self._count) >= self.mem_segments + self.disk_segments:
                     self.reclaim(keep)
-                self._allocate(k, overdraft)
+                self._allocate(k, at_least, overdraft)  # a new segment reserves what the batch needs in it
+                upto = at_least
+            py_store_release(self.ctrl, RESERVED, k * s + upto)
+
+    def _ensure(self, end_at, keep: int = NO_LOW_WATER, overdraft: bool = False) -> None:
+        """Make a batch writable; ``end_at(head)`` is where it ends when appended at head. Creates the segments
+        it needs (reclaiming first, nothing from ``keep`` on, if the budgets are used up; ``overdraft``: past
+        them by up to OVERDRAFT_SEGMENTS) and reserves their pages. If the head's segment cannot grow for lack
+        of space but another tier could take a new segment, the head's segment is sealed and the batch starts
+        in a new one. Raises LogFull, LogNoSpace or LogError, never an OSError."""
+        try:
+            try:
+                self._reserve_to(end_at(self.head), keep, overdraft)
+            except _GrowthRefused as refused:
+                if not (refused.segment == self.head // self.segment_size and self.head < self.reserved
+                        and any(t != refused.tier for t in self._tiers(overdraft))):
+                    raise
+                K.seal_segment(self.ctrl, self.window.data64)
+                self._reserve_to(end_at(self.head), keep, overdraft)
+        except LogError:
+            raise
+        except (OSError, posix_ipc.Error) as e:
+            raise LogError(f"message log: cannot make room for the batch: {e}") from e
 
     def reclaim(self, keep: int = NO_LOW_WATER) -> int:
         """Release every segment wholly below the oldest position still needed (and below ``keep``); returns
@@ -350,7 +501,8 @@ class MessageLog(LogCounters):
         """Append len(lengths) messages, bodies src[offsets[i]:offsets[i]+lengths[i]] (src uint8, the rest
         int64 arrays), all or nothing; returns the first record's position. ``positions`` (int64, optional)
         receives each record's position. Raises LogFull when the budgets (plus OVERDRAFT_SEGMENTS with
-        ``overdraft``, for messages already acknowledged) cannot hold the batch."""
+        ``overdraft``, for messages already acknowledged) cannot hold the batch, LogNoSpace when /dev/shm and the
+        disk cannot, ValueError for a message bigger than a segment."""
         n = len(lengths)
         if not_before is None:
             if self._zeros.size < n:
@@ -361,7 +513,8 @@ class MessageLog(LogCounters):
         args = (src, offsets, lengths, timestamps, ids, not_before, n, out)
         status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         if status == NEED_SEGMENT:
-            self._ensure(int(K.plan_batch(self.ctrl, self.head, lengths, n)), overdraft=overdraft)
+            self._ensure(lambda head: int(K.plan_batch(self.ctrl, head, lengths, n)), overdraft=overdraft)
+            w = self.window  # _ensure may have grown the window
             status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         return self._check(int(status), "append")
 
@@ -376,7 +529,7 @@ class MessageLog(LogCounters):
         """Re-append the records at ``positions`` as channel ch's private records with ``attempts`` each
         (``not_before`` per record, -1 keeps the original; default keeps all). Without ``parked`` ch's cursor
         delivers them again (requeue); with it they are skipped and held by position. Returns the new
-        positions. All or nothing; raises LogFull."""
+        positions. All or nothing; raises LogFull or LogNoSpace as append_batch does."""
         positions = np.asarray(positions, dtype=np.int64)
         n = len(positions)
         attempts = np.broadcast_to(np.asarray(attempts, dtype=np.int64), (n,)).copy()
@@ -387,7 +540,8 @@ class MessageLog(LogCounters):
         status = K.copy_forward(self.ctrl, w.data, w.data64, *args)
         if status == NEED_SEGMENT:
             lengths = self.records_at(positions).lengths[:n].copy()
-            self._ensure(int(K.plan_batch(self.ctrl, self.head, lengths, n)), keep=int(positions.min()))
+            self._ensure(lambda head: int(K.plan_batch(self.ctrl, head, lengths, n)), keep=int(positions.min()))
+            w = self.window  # _ensure may have grown the window
             status = K.copy_forward(self.ctrl, w.data, w.data64, *args)
         if status == NO_CHANNEL:
             raise LogError(f"channel slot {ch} is not open")

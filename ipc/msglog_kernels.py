@@ -4,19 +4,24 @@ Theory of operation
 -------------------
 Every kernel takes ``ctrl`` (int64 view of the control block), ``data`` (uint8 view of the segment window) and
 ``data64`` (the same window as int64) and returns a non-negative position/count or a negative status code from
-``msglog_layout``. Nothing here allocates, raises or calls the OS: segments are created by the Python class when
-a kernel answers NEED_SEGMENT, and the kernel is called again.
+``msglog_layout``. Nothing here allocates, raises or calls the OS: segments are created, and their pages
+reserved, by the Python class when a kernel answers NEED_SEGMENT, and the kernel is called again. No kernel
+touches a byte at or past RESERVED (see the layout): that page may be a hole of a full tmpfs, i.e. a SIGBUS.
 
 Appending (the owner only). A batch is planned first (positions, PAD records at segment ends); if a segment it
 needs is missing, nothing is written. Then every record is written and committed in order, except the first
 commit word of the batch (the *gate*), which is store-released last. Recovery scans forward from the published
 head and stops at the first zero commit word, so a batch cut by SIGKILL anywhere before its gate is entirely
 invisible (an MPUB is all-or-nothing even across a crash), and after the gate it is entirely there. Then the new
-head is published (double-buffered state, see the layout).
+head is published (double-buffered state, see the layout). A batch needs its pages reserved up to its end plus
+one word (``reserve_end``), so that the owner can always seal a segment it cannot grow (``seal_segment``: a PAD
+from the head to the segment's end, after which the next records go to a new segment, possibly of another tier).
 
 Reading: the channel's cursor walks records in position order, jumping over PAD and over private records that
 belong to other channels or are parked; ``advance`` moves the cursor and its counters, which it takes from the
-per-record ``seq`` of the last record passed (so an advance never counts: it cannot drift).
+per-record ``seq`` of the last record passed (so an advance never counts: it cannot drift). A read always returns
+the first deliverable record, even when its frame alone is over the byte budget: the caller then delivers it
+alone, and a big message never blocks the channel.
 
 Ordering: every store another process (or a restarted owner) may read is a store_release, every such load a
 load_acquire (ipc.atomics; both are plain moves on x86). A stats reader uses the generation word as a seqlock:
@@ -32,8 +37,8 @@ from ipc.msglog_layout import (BAD_POSITION, CH_A, CH_ACTIVE, CH_GEN, CH_LOW_WAT
                                C_CURSOR, C_PRIV_DONE, C_PUB_DONE, CHANNELS_AT, EMPTY, F_PAD, F_PARKED, F_PRIVATE,
                                FRAME_OVERHEAD, FRAME_TYPE_MESSAGE, FULL, HDR, NEED_SEGMENT, NO_CHANNEL,
                                NO_LOW_WATER, NO_SPACE_OUT, P_CHANNELS, P_SEGMENT_SIZE, P_SLOTS, R_CHAN_ATT, R_ID,
-                               R_LEN_FLAGS, R_NOT_BEFORE, R_SEQ, R_TS, S_BACKLOG, S_BACKLOG_SEQ, S_HEAD,
-                               S_HEAD_SEQ, S_LAST_ID, STATE_A, STATE_GEN, STATE_WORDS, TAIL, TOO_BIG)
+                               R_LEN_FLAGS, R_NOT_BEFORE, R_SEQ, R_TS, RESERVED, S_BACKLOG, S_BACKLOG_SEQ,
+                               S_HEAD, S_HEAD_SEQ, S_LAST_ID, STATE_A, STATE_GEN, STATE_WORDS, TAIL, TOO_BIG, WINDOW)
 from ipc.layout import LINE_WORDS
 
 KERNEL = dict(cache=True, nogil=True)
@@ -48,7 +53,7 @@ def seg_size(ctrl):
 
 @njit(inline="always", **KERNEL)
 def window_mask(ctrl):
-    return ctrl[P_SLOTS] * ctrl[P_SEGMENT_SIZE] - 1
+    return ctrl[WINDOW] * ctrl[P_SEGMENT_SIZE] - 1
 
 
 @njit(inline="always", **KERNEL)
@@ -192,6 +197,38 @@ def plan_batch(ctrl, head, lengths, n):
 
 
 @njit(**KERNEL)
+def reserve_end(ctrl, head, end):
+    """How far pages must be reserved for a batch from head to end: one word past end, for the commit word of a
+    PAD that may follow (see seal_segment), unless end is its segment's end. A batch that adds nothing: 0."""
+    if end <= head:
+        return 0
+    return min(end + 8, ((end - 1) | (seg_size(ctrl) - 1)) + 1)
+
+
+@njit(inline="always", **KERNEL)
+def writable(ctrl, head, end):
+    """The pages of [head, end) are reserved (so their segments are present) and mapped."""
+    return reserve_end(ctrl, head, end) <= ctrl[RESERVED] and segments_cover(ctrl, head, end)
+
+
+@njit(**KERNEL)
+def seal_segment(ctrl, data64):
+    """PAD from the head to the end of its segment, which the owner could not grow (no space in its tier): the
+    next records go to a new segment. Returns the new head, or NEED_SEGMENT (nothing written) if the PAD's
+    commit word is not reserved. Appends nothing a channel sees; the counters do not move."""
+    s = seg_size(ctrl)
+    head = state_word(ctrl, S_HEAD)
+    if head >= ctrl[RESERVED] or not segment_present(ctrl, head // s):
+        return NEED_SEGMENT
+    nxt = (head | (s - 1)) + 1
+    store_release(data64, (head & window_mask(ctrl)) >> 3, commit_word(nxt - head, F_PAD))
+    publish_head(ctrl, nxt, state_word(ctrl, S_HEAD_SEQ), state_word(ctrl, S_LAST_ID))
+    # what the PAD covers past its commit word is never touched: nothing is left to reserve before nxt
+    store_release(ctrl, RESERVED, max(ctrl[RESERVED], nxt))
+    return nxt
+
+
+@njit(**KERNEL)
 def write_header(data64, w, length, flags, ts, msg_id, not_before, chan_att, seq):
     """Header words 1..5 of the record at word index w (the commit word is written by the caller)."""
     data64[w + R_TS] = ts
@@ -210,7 +247,7 @@ def append_batch(ctrl, data, data64, src, offsets, lengths, timestamps, ids, not
     end = plan_batch(ctrl, head, lengths, n)
     if end < 0:
         return end
-    if not segments_cover(ctrl, head, end):
+    if not writable(ctrl, head, end):
         return NEED_SEGMENT
     s = seg_size(ctrl)
     mask = window_mask(ctrl)
@@ -267,7 +304,7 @@ def copy_forward(ctrl, data, data64, ch, positions, attempts, not_before, parked
             return BAD_POSITION
         size = record_bytes(data64[(positions[i] & mask) >> 3] & LOW32)
         pos = place(pos, size, s) + size
-    if not segments_cover(ctrl, head, pos):
+    if not writable(ctrl, head, pos):
         return NEED_SEGMENT
     flags = F_PRIVATE | (F_PARKED if parked else 0)
     priv = ctrl[channel_at(ch) + CH_PRIV_SEQ]
@@ -336,8 +373,9 @@ def header_fields(data64, mask, pos, i, out_len, out_flags, out_ts, out_id, out_
 @njit(**KERNEL)
 def read_channel(ctrl, data64, ch, max_n, max_bytes, out_pos, out_len, out_flags, out_ts, out_id, out_nb,
                  out_att):
-    """Up to max_n deliverable records of channel ch from its cursor whose V2 frames total at most max_bytes.
-    Returns (count, position after the last record looked at) or (NO_CHANNEL, 0). Does not move the cursor."""
+    """Up to max_n deliverable records of channel ch from its cursor whose V2 frames total at most max_bytes,
+    but at least the first one (max_n > 0), however big its frame: a message over the budget goes alone. Returns
+    (count, position after the last record looked at) or (NO_CHANNEL, 0). Does not move the cursor."""
     if not channel_active(ctrl, ch):
         return NO_CHANNEL, 0
     s = seg_size(ctrl)
@@ -351,7 +389,7 @@ def read_channel(ctrl, data64, ch, max_n, max_bytes, out_pos, out_len, out_flags
         w0 = load_acquire(data64, w)
         if not skipped_by(data64, w, w0, ch):
             frame = FRAME_OVERHEAD + (w0 & LOW32) - HDR
-            if total + frame > max_bytes:
+            if total + frame > max_bytes and n > 0:
                 break
             total += frame
             out_pos[n] = pos
@@ -526,14 +564,16 @@ def needed_from(ctrl):
 def recover_scan(ctrl, data64):
     """After the owner died: walk the records committed past the published head, fold their seqs into the
     counters (max, so a second recovery changes nothing) and publish the new head. Returns it, or BAD_POSITION
-    if a committed word is not a record (corruption)."""
+    if a committed word is not a record (corruption). Reads nothing at or past RESERVED: nothing was written
+    there, and its pages may be holes."""
     s = seg_size(ctrl)
     mask = window_mask(ctrl)
     head = state_word(ctrl, S_HEAD)
     head_seq = state_word(ctrl, S_HEAD_SEQ)
     last_id = state_word(ctrl, S_LAST_ID)
+    reserved = ctrl[RESERVED]
     pos = head
-    while segment_present(ctrl, pos // s):
+    while pos < reserved and segment_present(ctrl, pos // s):
         w = (pos & mask) >> 3
         w0 = load_acquire(data64, w)
         if w0 == 0:
@@ -541,7 +581,8 @@ def recover_scan(ctrl, data64):
         flags = w0 >> 32
         length = w0 & LOW32
         if (flags & F_PAD) == 0:
-            if length < HDR or (pos & (s - 1)) + record_bytes(length) > s:
+            size = record_bytes(length)
+            if length < HDR or (pos & (s - 1)) + size > s or pos + size > reserved:
                 return BAD_POSITION
             if (flags & F_PRIVATE) == 0:
                 head_seq = max(head_seq, data64[w + R_SEQ])

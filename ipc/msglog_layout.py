@@ -5,7 +5,7 @@ Control block (int64 words, in any buffer: a shm segment in production, an anony
 
     line 0   | magic 'NSQMSLOG' | version | size | segment size | window slots W | channel slots C | mem segs | disk segs
     line 1   | STATE GEN | state A: head, head_seq, last_id, backlog_start, backlog_seq | state B: the same five
-    line 2   | TAIL (oldest retained position, a segment boundary)
+    line 2   | TAIL (oldest retained position, a segment boundary) | RESERVED (pages reserved up to here) | WINDOW
     line 3   | channel 0: ACTIVE | GEN | A: cursor, pub_done, priv_done | B: the same three | PRIV_SEQ | LOW_WATER
     ...      | one LINE (128 B) per channel, so a stats reader never shares a line with another channel's writer
     line 3+C | segment table: W words, slot s = segment k with k % W == s: (k << 1 | tier) or -1 (empty)
@@ -14,6 +14,19 @@ Every word has one writer, the topic's owner worker. Fields that must change tog
 a channel's cursor and its counters) are double-buffered behind a generation word: the writer fills the inactive
 copy and then store-releases gen + 1, so a reader (stats, or a restarted owner after SIGKILL) always sees one
 whole state, old or new, never half of each. The active copy is ``gen & 1``.
+
+RESERVED: segments are sparse files (``ipc.shm``); the owner reserves their pages (posix_fallocate) only as the
+log reaches them, because touching an unreserved page of a full tmpfs or disk is a SIGBUS, where fallocate fails
+cleanly. Invariant: every byte of a present segment in [head, RESERVED) is reserved, and so is every byte of a
+record below the head (a PAD record's commit word included; what a PAD covers past it may not be). RESERVED is
+store-released only after the pages are reserved, and no kernel writes or reads at or past it: appends answer
+NEED_SEGMENT instead, recovery scans and zeroes only below it.
+
+WINDOW: the slots of the owner's segment window now (a power of two <= W). The table must hold every segment the
+budgets allow, but the window only the segments retained now, so it starts at INITIAL_WINDOW slots and the owner
+doubles it (remapping the retained segments) when they no longer fit. An idle topic then costs 4 segments of
+address space instead of W (with the default 16 GiB disk budget W is 4096: 32 GiB per topic, and a 47-bit
+address space would hold only ~4,000 topics per process). Kernels take the position mask from it.
 
 Record (8-byte aligned, never crossing a segment boundary; positions are monotonic byte offsets)
 ------------------------------------------------------------------------------------------------
@@ -43,7 +56,7 @@ import numpy as np
 from ipc.layout import HEADER_WORDS, LINE_WORDS, LayoutError, is_power_of_two, magic
 
 MAGIC = magic("NSQMSLOG")
-VERSION = 1
+VERSION = 2  # 2: RESERVED (lazily reserved segments)
 SEGMENT_TAG = magic("NSQMSSEG")  # tag of a segment's own shm/file header
 SEGMENT_TAG_VERSION = 1
 
@@ -58,6 +71,9 @@ STATE_WORDS = 5
 
 # line 2
 TAIL = 2 * LINE_WORDS
+RESERVED = TAIL + 1
+WINDOW = TAIL + 2
+INITIAL_WINDOW = 4
 
 # channel lines
 CHANNELS_AT = 3 * LINE_WORDS
@@ -74,6 +90,8 @@ R_LEN_FLAGS, R_TS, R_ID, R_NOT_BEFORE, R_CHAN_ATT, R_SEQ = range(6)  # word indi
 F_PAD, F_PRIVATE, F_PARKED = 1, 2, 4
 
 MAX_CHANNELS = 1024  # a u16 would allow more; this bounds the control block (128 B a channel)
+# A record's length is a u32 and an NSQ frame's size an i32: a segment (which bounds a record) stays well below both
+MAX_SEGMENT_SIZE = 1 << 30
 DEFAULT_CHANNELS = 256
 NO_LOW_WATER = np.iinfo(np.int64).max
 TIER_MEM, TIER_DISK = 0, 1
@@ -82,7 +100,7 @@ EMPTY = -1
 # kernel status codes (all negative; a non-negative result is a position or a count)
 FULL = -1
 TOO_BIG = -2
-NEED_SEGMENT = -3
+NEED_SEGMENT = -3  # a segment the batch needs is missing, or its pages are not reserved yet
 BAD_POSITION = -4
 NO_CHANNEL = -5
 NO_SPACE_OUT = -6
@@ -123,8 +141,8 @@ def record_size(body_len):
 
 
 def check_geometry(segment_size: int, channels: int) -> None:
-    if not is_power_of_two(segment_size) or segment_size < 4096:
-        raise LayoutError(f"segment size must be a power of two >= 4096, got {segment_size}")
+    if not is_power_of_two(segment_size) or not 4096 <= segment_size <= MAX_SEGMENT_SIZE:
+        raise LayoutError(f"segment size must be a power of two in 4096..{MAX_SEGMENT_SIZE}, got {segment_size}")
     if not 1 <= channels <= MAX_CHANNELS:
         raise LayoutError(f"channel slots must be in 1..{MAX_CHANNELS}, got {channels}")
 

@@ -8,6 +8,10 @@ committed), and maps segment k over slot ``k % W`` with MAP_FIXED|MAP_SHARED fro
 object or a file: the kernels cannot tell). Releasing a slot maps fresh PROT_NONE over it, so the range stays
 reserved and nothing else of the process is ever placed inside it. The numpy views (``data``, ``data64``) span the
 whole range and never move; touching an unmapped slot is a SIGSEGV, i.e. a kernel bug, never silent corruption.
+A segment file is sparse (only what the log reached is reserved, see ``ipc.msglog``): mapping it whole commits
+nothing, so a slot costs address space only, and big segments (up to ``MAX_SEGMENT_SIZE``; 128 MiB for a 64 MiB
+--max-msg-size) cost no more than small ones until they fill. A window takes up to twice the topic's budgets in address
+space (W is a power of two), e.g. 32 GiB for the default 16 GiB disk budget, whatever the segment size.
 
 Python's ``mmap`` module cannot map at a fixed address, hence libc ``mmap`` through ctypes; that is the only use of
 ctypes in the log and it runs only when a segment is created, attached or released.

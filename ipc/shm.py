@@ -9,7 +9,15 @@ creates a segment (the supervisor) owns its name and is the one that unlinks it;
 * **Names** are ``/<prefix>-<instance>-<kind>-<index>``: ``instance`` is a short stable hash of (real data path,
   node id), so two brokers on one host never collide and a restarted broker finds its own segments again.
 * **Creation** uses O_CREAT|O_EXCL, then ``posix_fallocate`` reserves every page: a full /dev/shm fails here with
-  ``SegmentError`` instead of delivering SIGBUS to whichever process first touches an unbacked page.
+  ``SegmentError`` instead of delivering SIGBUS to whichever process first touches an unbacked page (on tmpfs a
+  read fault on a hole allocates a page too, so even a reader could be hit).
+* **Sparse segments** (``reserve=``, the message log's data segments): the file is sized in full but only the
+  header page and the first ``reserve`` payload bytes are reserved; the owner reserves more with
+  ``reserve_range`` as it reaches them, and never touches a page it has not reserved. So a segment's cost in
+  /dev/shm grows with its content, while every process still maps it whole at one address.
+* **The /dev/shm safety reserve** (``check_shm_room``): what grows with traffic (log segments) must leave
+  ``max(SHM_KEEP_FREE_MIN, SHM_KEEP_FREE_FRACTION of /dev/shm)`` free, so that control blocks (the broker's own at
+  a restart, a new topic's) still find room when topics have filled the rest. Control blocks are not held to it.
 * **Header** (first page; the payload starts at ``PAYLOAD_OFFSET``, so ``.buf`` offsets start at 0):
 
       word: 0 magic 'NSQPYSEG' | 1 segment layout version | 2 payload size | 3 tag | 4 tag version
@@ -20,6 +28,13 @@ creates a segment (the supervisor) owns its name and is the one that unlinks it;
   called ``mark_clean()`` at an orderly shutdown; recovery code reads it.
 * **Stale segments**: ``find_stale(prefix)`` lists ours whose creator is dead (pid gone or reused). They can be
   recovered (``attach`` then ``adopt()``, which makes this process the owner) or removed (``unlink_name``).
+* **Dead instances** (``find_dead_instances``): segments of every broker instance on the host, grouped by the
+  instance part of their names. Liveness is decided per instance, never per segment: a live broker's topic logs
+  are created by workers that may have died and been replaced since. An instance is alive while the process that
+  created its ``control-0`` segment (the supervisor, which creates it first) is; a group whose control segment
+  is unreadable, or that has none, is given ``INSTANCE_GRACE`` seconds from its newest file, since it may be
+  starting right now. Inside a dead group, a segment whose own creator is alive is spared (an orphaned worker
+  still using it, or a new instance of the same name warming up): removing is only ever for the dead.
 
 Resource handling: ``close()`` unmaps once no numpy view of ``.buf`` is alive (otherwise the mapping lives until
 the last view is collected); ``unlink()`` removes the name (creator only); both are idempotent. A segment is also
@@ -31,6 +46,8 @@ import errno
 import hashlib
 import mmap
 import os
+import re
+import time
 
 import numpy as np
 import posix_ipc
@@ -39,8 +56,10 @@ from ipc.atomics import py_load_acquire
 from ipc.layout import (HEADER_WORDS, H_MAGIC, H_PARAMS, H_SIZE, LayoutError, align_up, check_header, magic,
                         stamp_header, words)
 
-__all__ = ["Segment", "MappedPayload", "reserve_and_map", "check_mapped_header", "SegmentError", "LayoutError", "segment_name", "instance_prefix", "find_stale",
-           "list_segments", "unlink_name", "PREFIX", "PAYLOAD_OFFSET"]
+__all__ = ["Segment", "MappedPayload", "SegmentProvider", "reserve_and_map", "reserve_range", "check_mapped_header",
+           "check_shm_room", "shm_keep_free", "open_segment_fd", "SegmentError", "LayoutError", "segment_name",
+           "instance_prefix", "find_stale", "find_dead_instances", "remove_segments", "list_segments", "unlink_name",
+           "PREFIX", "PAYLOAD_OFFSET", "SHM_KEEP_FREE_MIN", "SHM_KEEP_FREE_FRACTION", "INSTANCE_GRACE"]
 
 PREFIX = "nsqpy"
 SHM_DIR = "/dev/shm"
@@ -49,6 +68,17 @@ SEGMENT_VERSION = 1
 PAYLOAD_OFFSET = mmap.PAGESIZE
 _W = {name: H_PARAMS + k for k, name in enumerate(("tag", "tag_version", "pid", "start", "clean"))}
 assert H_PARAMS + 5 == HEADER_WORDS
+
+# What log segments (which grow with traffic) must leave free in /dev/shm: control blocks are reserved in full and
+# read by other processes, so the broker's own (at a restart) and a new topic's must still fit when the topics'
+# messages have taken everything else; and a /dev/shm filled to the last page fails other programs on the host
+# too. Read at every check, so tests may change them.
+SHM_KEEP_FREE_MIN = 64 << 20
+SHM_KEEP_FREE_FRACTION = 0.02
+# A group of segments without a readable control segment may belong to a broker that is starting right now
+# (warm-up segments come before control-0, and a segment is unreadable between its creation and its stamp).
+INSTANCE_GRACE = 60.0
+CONTROL_KIND = "control-0"  # created first by a broker's supervisor (workers/plan.py), unlinked last
 
 
 class SegmentError(OSError):
@@ -117,16 +147,63 @@ class MappedPayload:
         self.close()
 
 
-def reserve_and_map(fd: int, total: int, what: str, hint: str) -> mmap.mmap:
-    """Size fd to ``total`` bytes, reserve every block (a full filesystem fails here, not later as SIGBUS in
-    whichever process touches an unbacked page) and map it."""
+def _mib(n: int) -> str:
+    return f"{n / (1 << 20):.1f} MiB"
+
+
+def reserve_range(fd: int, offset: int, nbytes: int, what: str, hint: str) -> None:
+    """Reserve the blocks of bytes [offset, offset + nbytes) of fd: a full filesystem fails here with
+    SegmentError (tmpfs and ext4 then take back what they had reserved of the range), not later as SIGBUS in
+    whichever process touches an unbacked page."""
+    if nbytes <= 0:
+        return
+    try:
+        os.posix_fallocate(fd, offset, nbytes)
+    except OSError as exc:
+        raise SegmentError(exc.errno, f"cannot reserve {nbytes} bytes at {offset} of {what}: "
+                                      f"{os.strerror(exc.errno)} ({hint})") from exc
+
+
+def reserve_and_map(fd: int, total: int, what: str, hint: str, reserved: int | None = None) -> mmap.mmap:
+    """Size fd to ``total`` bytes, reserve its first ``reserved`` bytes (all when None; the rest stays sparse)
+    and map it whole."""
     try:
         os.ftruncate(fd, total)
-        os.posix_fallocate(fd, 0, total)
     except OSError as exc:
-        raise SegmentError(exc.errno, f"cannot reserve {total} bytes for {what}: {os.strerror(exc.errno)} "
-                                      f"({hint})") from exc
+        raise SegmentError(exc.errno, f"cannot size {what} to {total} bytes: {os.strerror(exc.errno)}") from exc
+    reserve_range(fd, 0, total if reserved is None else min(reserved, total), what, hint)
     return mmap.mmap(fd, total)
+
+
+def reserved_bytes(reserve: int | None, total: int) -> int:
+    """File bytes a segment of ``total`` file bytes reserves at creation for ``reserve`` payload bytes (None:
+    all): the header page and the payload rounded up to pages."""
+    return total if reserve is None else min(total, PAYLOAD_OFFSET + align_up(reserve, mmap.PAGESIZE))
+
+
+def shm_keep_free(total: int) -> int:
+    """Bytes of a /dev/shm of ``total`` bytes that log segments must leave free (see SHM_KEEP_FREE_MIN)."""
+    return max(SHM_KEEP_FREE_MIN, int(total * SHM_KEEP_FREE_FRACTION))
+
+
+def check_shm_room(nbytes: int, what: str) -> None:
+    """SegmentError(ENOSPC) unless reserving ``nbytes`` more in /dev/shm leaves its safety reserve free."""
+    st = os.statvfs(SHM_DIR)
+    free = st.f_bavail * st.f_frsize
+    keep = shm_keep_free(st.f_blocks * st.f_frsize)
+    if free - nbytes < keep:
+        left = f"only {free} bytes are free" if free < nbytes else f"that would leave {_mib(free - nbytes)} free"
+        raise SegmentError(errno.ENOSPC, f"{what}: {nbytes} more bytes in {SHM_DIR}, but {left}, and "
+                                         f"{_mib(keep)} are kept for control blocks")
+
+
+def open_segment_fd(name: str) -> int:
+    """A new read-write fd of an existing segment (the caller closes it)."""
+    try:
+        shm = posix_ipc.SharedMemory(name)
+    except posix_ipc.ExistentialError as exc:
+        raise SegmentError(errno.ENOENT, f"no shared-memory segment {name}") from exc
+    return shm.fd
 
 
 def check_mapped_header(mapping: mmap.mmap, magic_word: int, version: int, size, params, what: str,
@@ -147,6 +224,42 @@ def check_mapped_header(mapping: mmap.mmap, magic_word: int, version: int, size,
         raise
 
 
+class SegmentProvider:
+    """Numbered segments of one message log in one tier (``ipc.msglog`` maps them into its window): the duck type
+    the log uses (``tier_name``, ``payload_offset``, ``name``, ``create``, ``open``, ``reserve``, ``unlink``).
+    Subclasses give ``segment_class`` (Segment or ipc.filesegment.FileSegment), ``name(k)``, ``_fd(k)`` (a new
+    fd of an existing segment, SegmentError if there is none) and ``unlink(k)``; ``_check_room`` is the tier's own
+    limit on reserving more (the /dev/shm safety reserve for the memory tier)."""
+
+    tier_name = ""
+    payload_offset = PAYLOAD_OFFSET
+    segment_class = None
+    hint = ""
+
+    def _check_room(self, nbytes: int, k: int) -> None:
+        pass
+
+    def create(self, k: int, size: int, tag: int, tag_version: int, reserve: int | None = None) -> int:
+        """A new zero-filled sparse segment k with its first ``reserve`` payload bytes reserved (None: all);
+        returns an fd (the caller closes it) whose payload starts at ``payload_offset``."""
+        self._check_room(reserved_bytes(reserve, PAYLOAD_OFFSET + align_up(size, mmap.PAGESIZE)), k)
+        self.segment_class.create(self.name(k), size, tag, tag_version, reserve=reserve).close()
+        return self._fd(k)
+
+    def open(self, k: int, size: int, tag: int, tag_version: int) -> int:
+        self.segment_class.attach(self.name(k), size, tag, tag_version).close()
+        return self._fd(k)
+
+    def reserve(self, k: int, start: int, end: int) -> None:
+        """Reserve payload bytes [start, end) of segment k (reopened by name: a log keeps no fd open)."""
+        self._check_room(end - start, k)
+        fd = self._fd(k)
+        try:
+            reserve_range(fd, self.payload_offset + start, end - start, self.name(k), self.hint)
+        finally:
+            os.close(fd)
+
+
 class Segment(MappedPayload):
     """One mapped segment. ``buf`` is a writable uint8 numpy array of the payload (offset 0 = first payload
     byte); ``size`` its length in bytes."""
@@ -157,8 +270,11 @@ class Segment(MappedPayload):
 
     # life-cycle ---------------------------------------------------------------------------------------------
     @classmethod
-    def create(cls, name: str, size: int, tag: int = 0, tag_version: int = 0) -> "Segment":
-        """Create, reserve and stamp a new segment of ``size`` payload bytes; fails if the name exists."""
+    def create(cls, name: str, size: int, tag: int = 0, tag_version: int = 0,
+               reserve: int | None = None) -> "Segment":
+        """Create, reserve and stamp a new segment of ``size`` payload bytes; fails if the name exists. With
+        ``reserve`` the segment is sparse: only its first ``reserve`` payload bytes (rounded up to pages) are
+        reserved now, the owner reserves the rest with ``reserve_range`` before touching it."""
         if size <= 0:
             raise ValueError("segment size must be positive")
         total = PAYLOAD_OFFSET + align_up(size, mmap.PAGESIZE)
@@ -168,7 +284,8 @@ class Segment(MappedPayload):
             raise SegmentError(errno.EEXIST, f"shared-memory segment {name} already exists "
                                              f"(stale? see ipc.shm.find_stale)") from exc
         try:
-            mapping = reserve_and_map(shm.fd, total, f"{name} in {SHM_DIR}", "is /dev/shm full?")
+            mapping = reserve_and_map(shm.fd, total, f"{name} in {SHM_DIR}", "is /dev/shm full?",
+                                      reserved_bytes(reserve, total))
         except BaseException:
             shm.unlink()
             raise
@@ -263,3 +380,94 @@ def find_stale(prefix: str = "/" + PREFIX) -> list[str]:
         finally:
             seg.close()
     return stale
+
+
+def _path(name: str) -> str:
+    return os.path.join(SHM_DIR, name.lstrip("/"))
+
+
+def _creator(name: str) -> tuple[int, int] | None:
+    """(pid, start time) stamped in a segment's header, or None while it has no complete header (read with
+    pread, not mapped: a scan of thousands of segments maps nothing). PermissionError: another user's."""
+    try:
+        fd = os.open(_path(name), os.O_RDONLY | os.O_CLOEXEC)
+    except FileNotFoundError:
+        return None
+    try:
+        raw = os.pread(fd, HEADER_WORDS * 8, 0)
+    finally:
+        os.close(fd)
+    if len(raw) < HEADER_WORDS * 8:
+        return None
+    hdr = np.frombuffer(raw, dtype=np.int64).copy()
+    try:
+        check_header(hdr, SEGMENT_MAGIC, SEGMENT_VERSION)
+    except LayoutError:
+        return None
+    return int(hdr[_W["pid"]]), int(hdr[_W["start"]])
+
+
+def _age(name: str, now: float) -> float:
+    """Seconds since the segment was created or last resized (infinite if it is gone)."""
+    try:
+        return now - os.stat(_path(name)).st_mtime
+    except FileNotFoundError:
+        return float("inf")
+
+
+def _instance_dead(instance: str, names: list[str], now: float, grace: float) -> bool:
+    control = instance + CONTROL_KIND
+    if control in names:
+        creator = _creator(control)
+        if creator is not None:
+            return not _alive(*creator)
+        return _age(control, now) >= grace  # not stamped yet: its supervisor may be creating it right now
+    return min(_age(name, now) for name in names) >= grace  # e.g. a broker in its warm-up, before control-0
+
+
+def _spared(name: str, now: float, grace: float) -> bool:
+    """A segment of a dead instance that must stay all the same: its own creator is alive (an orphaned worker
+    still using it, a new broker of the same name warming up), or it is being created right now."""
+    creator = _creator(name)
+    if creator is None:
+        return _age(name, now) < grace
+    return _alive(*creator)
+
+
+def find_dead_instances(prefix: str = PREFIX, grace: float = INSTANCE_GRACE) -> dict[str, list[str]]:
+    """{instance prefix (as ``instance_prefix`` gives it): its segment names} for every broker instance on this
+    host whose supervisor is gone, whatever its data path and node id (see the theory of operation). Segments
+    that must stay (``_spared``) are left out; a live instance never appears."""
+    pattern = re.compile(rf"^(/{re.escape(prefix)}-[0-9a-f]{{10}}-)")
+    groups: dict[str, list[str]] = {}
+    for name in list_segments(f"/{prefix}-"):
+        m = pattern.match(name)
+        if m:
+            groups.setdefault(m.group(1), []).append(name)
+    now = time.time()
+    dead = {}
+    for instance, names in sorted(groups.items()):
+        try:
+            if not _instance_dead(instance, names, now, grace):
+                continue
+            gone = [name for name in names if not _spared(name, now, grace)]
+        except PermissionError:
+            continue  # another user's broker: not ours to judge, nor to remove
+        if gone:
+            dead[instance] = gone
+    return dead
+
+
+def remove_segments(names) -> tuple[int, int]:
+    """Unlink the named segments; returns (how many were removed, the /dev/shm bytes they held: allocated
+    blocks, returned once no process maps them any more)."""
+    count = nbytes = 0
+    for name in names:
+        try:
+            held = os.stat(_path(name)).st_blocks * 512
+            if unlink_name(name):
+                count += 1
+                nbytes += held
+        except (OSError, posix_ipc.Error):
+            continue  # gone meanwhile, or not ours to remove: what is left is for its owner
+    return count, nbytes

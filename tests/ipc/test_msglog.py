@@ -11,6 +11,7 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
+from ipc import msglog
 from ipc.filesegment import FileSegment, FileSegmentProvider
 from ipc.layout import LayoutError
 from ipc.msglog import (LogError, LogFull, MessageLog, NO_LOW_WATER, ShmSegmentProvider, log_ctrl_nbytes)
@@ -28,12 +29,13 @@ class Full(Exception):
 class Model:
     """What the log should hold: records by position (PAD records are implicit), segments by tier, channels."""
 
-    def __init__(self, disk_segments):
+    def __init__(self, disk_segments, segment_size=S):
         self.disk = disk_segments
+        self.s = segment_size
         self.recs = {}  # pos -> (flags, body, id, ts, not_before, channel, attempts)
         self.order = []  # retained positions, ascending
         self.head = self.tail = self.backlog = 0
-        self.segs = {0: 0}
+        self.segs = {}  # the first segment comes with the first append
         self.chans = {}  # ch -> [cursor, low_water]
         self.spilled = False
         self.freed = 0
@@ -42,8 +44,8 @@ class Model:
     def _plan(self, sizes):
         pos, out = self.head, []
         for size in sizes:
-            if pos % S + size > S:
-                pos = (pos // S + 1) * S
+            if pos % self.s + size > self.s:
+                pos = (pos // self.s + 1) * self.s
             out.append(pos)
             pos += size
         return out, pos
@@ -53,11 +55,11 @@ class Model:
             needed = min(min(c, lw) for c, lw in self.chans.values())
         else:
             needed = self.backlog
-        new_tail = min(needed, self.head, keep) // S * S
+        new_tail = min(needed, self.head, keep) // self.s * self.s
         if new_tail <= self.tail:
             return 0
         self.tail = new_tail
-        gone = [k for k in self.segs if k < new_tail // S]
+        gone = [k for k in self.segs if k < new_tail // self.s]
         for k in gone:
             del self.segs[k]
         self.freed += len(gone)
@@ -66,7 +68,7 @@ class Model:
         return len(gone)
 
     def _ensure(self, end, keep):
-        for k in range(self.head // S, (end - 1) // S + 1):
+        for k in range(self.head // self.s, (end - 1) // self.s + 1):
             if k in self.segs:
                 continue
             if len(self.segs) >= MEM + self.disk:
@@ -106,7 +108,7 @@ class Model:
             if pos < self.chans[ch][0] or not self.delivers(ch, pos):
                 continue
             frame = FRAME_OVERHEAD + len(self.recs[pos][1])
-            if total + frame > max_bytes:
+            if total + frame > max_bytes and out:  # the first record goes however big it is
                 return out, pos
             total += frame
             out.append(pos)
@@ -155,19 +157,30 @@ def frames_of(model, positions, attempts):
     return out
 
 
-def open_log(prefix, tmp_path, disk_segments, create=True, ctrl=None):
+def open_log(prefix, tmp_path, disk_segments, create=True, ctrl=None, s=S):
     memory = ShmSegmentProvider(prefix)
     disk = FileSegmentProvider(str(tmp_path), "log") if disk_segments else None
     if not create:
         return MessageLog.attach(ctrl, 64, memory, disk)
-    ctrl = mmap.mmap(-1, 64 + log_ctrl_nbytes(S, MEM * S, disk_segments * S, CHANNELS))
-    log = MessageLog.create(ctrl, 64, segment_size=S, mem_bytes=MEM * S, memory=memory,
-                            disk_bytes=disk_segments * S, disk=disk, channels=CHANNELS)
+    ctrl = mmap.mmap(-1, 64 + log_ctrl_nbytes(s, MEM * s, disk_segments * s, CHANNELS))
+    log = MessageLog.create(ctrl, 64, segment_size=s, mem_bytes=MEM * s, memory=memory,
+                            disk_bytes=disk_segments * s, disk=disk, channels=CHANNELS)
     return log, ctrl
+
+
+def check_reserved(log, prefix, tmp_path):
+    """No page at or past RESERVED was touched: a segment holds at most its header and its reserved part."""
+    s = log.segment_size
+    assert log.head <= log.reserved
+    for k, tier in log.segments():
+        path = f"/dev/shm/{prefix}.{k}" if tier == 0 else FileSegmentProvider(str(tmp_path), "log").name(k)
+        held = os.stat(path).st_blocks * 512 - mmap.PAGESIZE
+        assert held <= min(max(log.reserved - k * s, 0), s)
 
 
 def check(log, model, prefix, tmp_path):
     assert log.head == model.head and log.tail == model.tail
+    check_reserved(log, prefix, tmp_path)
     assert log.segments() == sorted(model.segs.items())
     assert sorted(log.open_channels()) == sorted(model.chans)
     for ch, (cursor, low) in model.chans.items():
@@ -218,7 +231,7 @@ def apply(log, model, op):
         assert list(b.positions[:b.n]) == want and b.next_position == nxt
         assert [model.recs[p][1] for p in want] == [log.body(int(p)) for p in want]
         attempts = np.arange(1, b.n + 1, dtype=np.int64)
-        out = np.zeros(max_bytes + 16, dtype=np.uint8)
+        out = np.zeros(max(max_bytes, 2000) + 16, dtype=np.uint8)
         end = log.write_frames(out, 5, b.positions, attempts, b.n)
         assert out[5:end].tobytes() == frames_of(model, want, attempts)
         target = nxt if consume >= len(want) else want[consume]  # a partial advance stops before a record
@@ -253,14 +266,17 @@ def apply(log, model, op):
     return None
 
 
+@pytest.mark.parametrize("segment_size", [S, 4 * S])
 @settings(max_examples=200, deadline=None, suppress_health_check=[HealthCheck.function_scoped_fixture])
 @given(ops=st.lists(OPS, min_size=20, max_size=100), ephemeral=st.booleans())
-def test_log_matches_model(ops, ephemeral, shm_prefix, tmp_path_factory):
+def test_log_matches_model(segment_size, ops, ephemeral, shm_prefix, tmp_path_factory, monkeypatch):
+    """With one-page segments, and with four-page segments whose reservation grows a page at a time."""
+    monkeypatch.setattr(msglog, "RESERVE_STEP", mmap.PAGESIZE)
     prefix = f"{shm_prefix}-{next(_examples)}"
     tmp_path = tmp_path_factory.mktemp("segs")
     disk_segments = 0 if ephemeral else DISK
-    log, ctrl = open_log(prefix, tmp_path, disk_segments)
-    model = Model(disk_segments)
+    log, ctrl = open_log(prefix, tmp_path, disk_segments, s=segment_size)
+    model = Model(disk_segments, segment_size)
     try:
         for op in ops:
             if op[0] == "reattach":  # the owner died and a new one takes over
