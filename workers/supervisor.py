@@ -3,13 +3,29 @@
 Theory of operation (after gunicorn's arbiter): nothing that could start a thread or an event loop runs here
 before the children are forked, because fork only copies the calling thread. Signal handlers only record the
 signal and wake the main loop through ``signal.set_wakeup_fd``; the loop reaps children with ``WNOHANG`` and
-dispatches. A child that dies is forked again at once with ``restarted=True`` so it re-attaches to the shared
-memory it left behind; a child that keeps dying within a second of its start (``MAX_QUICK_DEATHS`` in a row)
-is a restart storm and stops the broker with exit code 1 rather than spinning. SIGTERM/SIGINT: TERM to every
-child, wait up to ``shutdown_timeout``, KILL what is left, then run the cleanup callbacks (segment unlinks).
+dispatches. SIGTERM/SIGINT: TERM to every child, wait up to ``shutdown_timeout``, KILL what is left, then run the
+cleanup callbacks (segment unlinks).
 
-Exit-code contract for children: 0 = clean stop (not restarted during shutdown), anything else or a signal =
-crash (restarted unless shutting down).
+Restarts: a child that dies is forked again with ``restarted=True`` so it re-attaches to the shared memory it left
+behind. Crashes alone never stop the broker: its messages live in that shared memory, and giving up would lose
+them all, where a child that crashes in a loop loses nothing more by being tried again. A crash loop is slowed
+instead, with exponential back-off as systemd and gunicorn do: the first death within QUICK seconds of a start is
+restarted at once, the next ones after BACKOFF_FIRST, then twice as long each time, at most BACKOFF_MAX; a child
+that lived QUICK seconds starts the series again. A restart that is due later is a deadline of the main loop, not
+a sleep: signals and other children's deaths are handled meanwhile, and a child waiting for its restart is simply
+not running (a SIGTERM then has nothing to stop there). Every restart is logged with its delay, and counted
+(``Child.restarts``, ``restart_counts``, the ``on_restart`` callback).
+
+The broker stops by itself only when it cannot run at all, and logs why: a child said so (``EXIT_CANNOT_RUN``),
+or fork failed FORK_ATTEMPTS times in a row for one child (with the same back-off between attempts).
+
+Exit-code contract
+    children    0 = clean stop (a child should only ever return at shutdown); EXIT_CANNOT_RUN (3) = a configuration
+                or environment error that a restart cannot cure: the supervisor stops the broker; anything else,
+                or death by a signal = a crash: restarted (with back-off) unless shutting down.
+    supervisor  ``run`` returns 0 after SIGTERM/SIGINT, EXIT_CANNOT_RUN after a child's EXIT_CANNOT_RUN (an init
+                system should not restart it either: systemd's ``RestartPreventExitStatus=3``), 1 when forking
+                kept failing (resources may come back: restarting later can help).
 
 Ready: every child writes one byte to the ready pipe when its set-up has succeeded; ``wait_ready`` returns once
 all have, so "listening" lines are printed only when connections will really be served.
@@ -20,28 +36,43 @@ import select
 import signal
 import time
 
-MAX_QUICK_DEATHS = 5
-QUICK = 1.0
+EXIT_CANNOT_RUN = 3
+QUICK = 1.0             # a death sooner than this after the start is a quick death (back-off grows)
+BACKOFF_FIRST = 0.1     # the delay after the second quick death in a row (the first is restarted at once)
+BACKOFF_MAX = 10.0
+FORK_ATTEMPTS = 10      # consecutive failed forks of one child before the broker stops
+POLL = 1.0              # the main loop's longest wait (signals and deaths wake it sooner)
+
+
+def backoff(failures, first=BACKOFF_FIRST, cap=BACKOFF_MAX):
+    """Seconds before the next attempt after ``failures`` quick failures in a row: 0, first, 2 first, ... cap."""
+    if failures <= 1:
+        return 0.0
+    return min(cap, first * 2.0 ** (failures - 2))
 
 
 class Child:
-    __slots__ = ("name", "target", "pid", "started", "quick_deaths", "restarts")
+    __slots__ = ("name", "target", "pid", "started", "quick_deaths", "restarts", "due", "fork_failures")
 
     def __init__(self, name, target):
         self.name = name
         self.target = target  # target(restarted: bool, ready_fd: int) -> never returns normally
-        self.pid = 0
+        self.pid = 0          # 0: not running (not started yet, or waiting for its restart)
         self.started = 0.0
         self.quick_deaths = 0
         self.restarts = 0
+        self.due = None       # time.monotonic() at which a restart is due, while waiting for it
+        self.fork_failures = 0
 
 
 class Supervisor:
-    def __init__(self, log, shutdown_timeout=10.0):
+    def __init__(self, log, shutdown_timeout=10.0, backoff_first=BACKOFF_FIRST, backoff_max=BACKOFF_MAX):
         self.log = log
         self.children = []
         self.cleanups = []
         self.shutdown_timeout = shutdown_timeout
+        self.backoff_first = backoff_first
+        self.backoff_max = backoff_max
         self._stopping = False
         self._signals = []
         self._ready_r, self._ready_w = os.pipe()
@@ -50,9 +81,22 @@ class Supervisor:
     def add(self, name, target):
         self.children.append(Child(name, target))
 
+    def restart_counts(self):
+        """{child name: restarts so far}."""
+        return {c.name: c.restarts for c in self.children}
+
+    def _backoff(self, failures):
+        return backoff(failures, self.backoff_first, self.backoff_max)
+
     # ---- forking ---------------------------------------------------------------------------------------
     def _spawn(self, child, restarted):
-        pid = os.fork()
+        """Fork the child; False (logged) when fork itself failed."""
+        try:
+            pid = os.fork()
+        except OSError as e:
+            child.fork_failures += 1
+            self.log.error(f"{child.name}: cannot fork ({e}); attempt {child.fork_failures} of {FORK_ATTEMPTS}")
+            return False
         if pid == 0:
             code = 1
             try:
@@ -71,14 +115,21 @@ class Supervisor:
                 os._exit(code)
         child.pid = pid
         child.started = time.monotonic()
+        child.fork_failures = 0
         self.log.info(f"{child.name}: started (pid {pid})")
+        return True
 
     def start(self):
+        """Fork every child. One that could not be forked stays not running, and ``wait_ready`` reports it."""
         for child in self.children:
             self._spawn(child, False)
 
     def wait_ready(self, timeout=120.0):
         """Block until every child has reported ready once; False on timeout or a child death."""
+        for child in self.children:
+            if not child.pid:
+                self.log.error(f"{child.name} could not be started")
+                return False
         need = len(self.children)
         deadline = time.monotonic() + timeout
         while need > 0:
@@ -114,22 +165,24 @@ class Supervisor:
             signal.signal(sig, self._on_signal)
 
     def run(self):
-        """Supervise until SIGTERM/SIGINT; returns the process exit code."""
+        """Supervise until SIGTERM/SIGINT, or until the broker cannot run; returns the process exit code."""
         wake_r, wake_w = os.pipe()
         os.set_blocking(wake_w, False)
         signal.set_wakeup_fd(wake_w)
         for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
             signal.signal(sig, self._on_signal)
+        for fd in (wake_r, self._ready_r):
+            os.set_blocking(fd, False)
         code = 0
+        wait = 0.0  # first look at once: a child may have died before SIGCHLD was handled here
         try:
             while not self._stopping:
                 try:
-                    select.select([wake_r, self._ready_r], [], [], 1.0)
+                    select.select([wake_r, self._ready_r], [], [], wait)
                 except InterruptedError:
                     pass
                 for fd in (wake_r, self._ready_r):
                     try:
-                        os.set_blocking(fd, False)
                         os.read(fd, 4096)
                     except BlockingIOError:
                         pass
@@ -138,9 +191,10 @@ class Supervisor:
                     if sig in (signal.SIGTERM, signal.SIGINT):
                         self.log.info(f"{signal.Signals(sig).name}: signal received, shutting down")
                         self._stopping = True
-                if not self._stopping and not self._reap_and_restart():
-                    code = 1
-                    self._stopping = True
+                if not self._stopping:
+                    code = self._reap() or self._restart_due()
+                    self._stopping = code != 0
+                wait = self._wait()
         finally:
             self.shutdown()
             signal.set_wakeup_fd(-1)
@@ -148,28 +202,57 @@ class Supervisor:
             os.close(wake_w)
         return code
 
-    def _reap_and_restart(self):
+    def _wait(self):
+        """How long the loop may sleep: until the next restart is due, at most POLL."""
+        dues = [c.due for c in self.children if c.due is not None]
+        return max(0.0, min(dues) - time.monotonic()) if dues else POLL
+
+    def _reap(self):
+        """Collect dead children and schedule their restarts; an exit code to stop with, or 0."""
         for child in self.children:
+            if not child.pid:
+                continue  # waiting for its restart (waitpid(0) would reap any child)
             pid, status = self._waitpid(child.pid)
             if not pid:
                 continue
+            dead, child.pid = child.pid, 0
+            if os.WIFEXITED(status) and os.WEXITSTATUS(status) == EXIT_CANNOT_RUN:
+                self.log.fatal(f"{child.name} (pid {dead}) cannot run (exit code {EXIT_CANNOT_RUN}: a configuration "
+                               f"or environment error, which restarting cannot cure); stopping the broker")
+                return EXIT_CANNOT_RUN
             how = (f"signal {os.WTERMSIG(status)}" if os.WIFSIGNALED(status)
                    else f"exit code {os.waitstatus_to_exitcode(status)}")
-            alive_for = time.monotonic() - child.started
-            child.quick_deaths = child.quick_deaths + 1 if alive_for < QUICK else 0
-            if child.quick_deaths >= MAX_QUICK_DEATHS:
-                self.log.fatal(f"{child.name} keeps dying ({how}); giving up")
-                return False
-            self.log.warn(f"{child.name} (pid {child.pid}) died ({how}); restarting")
-            child.restarts += 1
-            self._spawn(child, True)
-            if self.on_restart is not None:
-                self.on_restart(child)
-        return True
+            now = time.monotonic()
+            child.quick_deaths = child.quick_deaths + 1 if now - child.started < QUICK else 0
+            delay = self._backoff(child.quick_deaths)
+            child.due = now + delay
+            when = f"in {delay:.2f}s (quick death {child.quick_deaths} in a row)" if delay else "at once"
+            self.log.warn(f"{child.name} (pid {dead}) died ({how}); restarting {when}")
+        return 0
+
+    def _restart_due(self):
+        """Fork the children whose restart is due; an exit code to stop with, or 0."""
+        now = time.monotonic()
+        for child in self.children:
+            if child.due is None or child.due > now:
+                continue
+            if self._spawn(child, True):
+                child.due = None
+                child.restarts += 1
+                if self.on_restart is not None:
+                    self.on_restart(child)
+            elif child.fork_failures >= FORK_ATTEMPTS:
+                self.log.fatal(f"{child.name}: fork failed {child.fork_failures} times in a row; the broker cannot "
+                               f"run, stopping it")
+                return 1
+            else:
+                child.due = now + self._backoff(child.fork_failures + 1)
+        return 0
 
     def shutdown(self):
         self._stopping = True
         for child in self.children:
+            child.due = None
             if child.pid:
                 try:
                     os.kill(child.pid, signal.SIGTERM)
