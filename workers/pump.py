@@ -27,9 +27,10 @@ numba, with libc called directly (``ipc.sysio``):
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
 leaves, so an OK staged for a connection that closed, maybe with its fd reused, is never sent), ``clean``,
-``busy``, ``last_read`` (time.monotonic() of the last read, for the heartbeat read deadline), the publish
-tally (count and topic of the session's current run of lone PUBs, folded into ``Session.pub_counts`` when the
-topic changes or someone asks) and the move streak.
+``busy``, ``last_read`` (time.monotonic() of the last read: the read deadline between commands; the session
+keeps when a partly received command began, see ``workers/session.py``), the publish tally (count and topic of
+the session's current run of lone PUBs, folded into ``Session.pub_counts`` when the topic changes or someone asks)
+and the move streak.
 
 Resource handling: the epoll fd is the pump's; sockets stay owned by their sessions, which call ``remove``
 before closing or handing one away.

@@ -13,7 +13,12 @@ read, but what arrives is discarded: the parser takes nothing after a fatal erro
 would be a reset that destroys what the client has not read yet.
 
 Heartbeats: one timer per session sends ``_heartbeat_`` every heartbeat interval to every client, producers
-included, and drops the connection when nothing was read for two intervals (NSQ's read deadline).
+included, and enforces NSQ's read deadline: a client has two intervals for a whole command (nsqd sets the socket
+deadline before it reads each command line, and reads the body under the same deadline). Between commands (the
+parser idle) the deadline is two intervals after the last read, which the pump records on every recv; while a
+command is partly received it is two intervals after the read that began it (``_command_started``), so a client
+trickling a command byte by byte is dropped like a silent one. Keeping that time costs one comparison per
+``on_data``; the pump's fast path only ever handles whole commands, with the parser idle.
 
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
 beyond NSQ here), leaves its channel, takes the fd out of the pump and the loop and closes the socket.
@@ -57,6 +62,7 @@ class Session:
         self.pub_counts = {}
         self._hb_timer = None
         self._next_heartbeat = None
+        self._command_started = 0.0  # time.monotonic() of the read that began the partly received command
         self._dispatch = {
             C.Identify: self.on_identify, C.Auth: self.on_auth, C.Sub: self.on_sub, C.Pub: self.on_pub,
             C.Mpub: self.on_mpub, C.Dpub: self.on_dpub, C.Rdy: self.on_rdy, C.Fin: self.on_fin,
@@ -70,7 +76,9 @@ class Session:
 
     # ---- I/O -------------------------------------------------------------------------------------------
     def start(self, pending=b""):
-        self.worker.pump.add(self, monotonic())
+        now = monotonic()
+        self.worker.pump.add(self, now)
+        self._command_started = now  # the magic (or a moved connection's pending command) counts from here
         self._arm_heartbeat()
         if pending:
             self.on_data(pending)
@@ -79,8 +87,14 @@ class Session:
 
     @property
     def last_read(self):
-        """time.monotonic() of the last read (the pump records it), for the heartbeat read deadline."""
+        """time.monotonic() of the last read (the pump records it)."""
         return float(self.worker.pump.last_read[self.fd])
+
+    @property
+    def read_deadline_from(self):
+        """Where the read deadline counts from: the last read at a command boundary, else the read that began the
+        command still being received."""
+        return self.last_read if self.parser.idle else self._command_started
 
     def on_data(self, data):
         """Bytes the pump read for this session (everything but the lone PUBs it handled itself)."""
@@ -89,7 +103,11 @@ class Session:
             # close keeps unread bytes from turning it into a reset that would destroy the error frame and
             # whatever else the client has not read yet.
             return
-        self.handle_bytes(data)
+        was_idle = self.parser.idle
+        if self.handle_bytes(data) or was_idle:
+            # a command began in this read (the parser was idle, or finished a command in it): if that command is
+            # still partial, its deadline counts from now; if the parser is idle, this value is not used
+            self._command_started = self.last_read
         self._note_clean()
 
     def _note_clean(self):
@@ -98,28 +116,31 @@ class Session:
             self.worker.pump.clean[self.fd] = self.parser.idle and not self.closing_after_flush
 
     def handle_bytes(self, data):
+        """Parse and handle data; returns whether it completed at least one command."""
         items = self.parser.feed(data)
+        completed = bool(items)
         while items:
             for cmd in items:
                 if self.closed or self.closing_after_flush:
-                    return
+                    return completed
                 if isinstance(cmd, ProtocolError):
                     self._fail(cmd)
-                    return
+                    return completed
                 try:
                     if self._dispatch[type(cmd)](cmd) is MIGRATED:
                         # the parser stops right after a SUB, so all not yet handled is still in its buffer
                         self.worker.migrate(self, cmd, self.parser.take_buffer())
-                        return
+                        return completed
                 except ProtocolError as err:
                     self._fail(err)
                     if err.fatal:
-                        return
+                        return completed
             # a SUB that kept the connection here: parse the rest of what was received
             items = self.parser.feed(b"") if type(items[-1]) is C.Sub else None
         if len(self.wbuf) > MAX_WBUF and self.reading:
             self.reading = False
             self.worker.pump.pause(self.fd)
+        return completed
 
     def write(self, data):
         if self.closed:
@@ -188,14 +209,14 @@ class Session:
         self._schedule_heartbeat()
 
     def _schedule_heartbeat(self):
-        """One timer serves both the next heartbeat and the read deadline (2 intervals after the last read), so
-        a silent client is dropped when its deadline passes, not up to an interval later at a heartbeat tick."""
+        """One timer serves both the next heartbeat and the read deadline (2 intervals, see the module docstring),
+        so a silent client is dropped when its deadline passes, not up to an interval later at a heartbeat tick."""
         if self._hb_timer is not None:
             self._hb_timer.cancel()
             self._hb_timer = None
         if self._next_heartbeat is None:
             return
-        deadline = self.last_read + 2 * self.settings.heartbeat_interval_ms / 1000.0
+        deadline = self.read_deadline_from + 2 * self.settings.heartbeat_interval_ms / 1000.0
         delay = min(self._next_heartbeat, deadline) - time.monotonic()
         self._hb_timer = self.worker.loop.call_later(max(0.0, delay), self._on_heartbeat)
 
@@ -205,7 +226,7 @@ class Session:
             return
         interval = self.settings.heartbeat_interval_ms / 1000.0
         now = time.monotonic()
-        if now - self.last_read >= 2 * interval:
+        if now - self.read_deadline_from >= 2 * interval:
             self.worker.log.info(f"PROTOCOL(V2): [{self.remote_text}] read timeout; closing")
             self.close()
             return
