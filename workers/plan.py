@@ -8,7 +8,8 @@ Theory of operation: the supervisor builds one ``Plan``: the listening socket, o
                 scanner -> worker i                                                  (workers/links.py)
     inflight-i  worker i's in-flight table                                           (ipc/inflight.py)
     heaps       one timer heap per worker, the scanner's                             (ipc/heap.py)
-    meta-i      worker i's topic and channel directory, to find its logs after a restart (workers/meta.py)
+and one journal file per worker under the data path: worker i's topic and channel directory, to find its logs after
+a restart (``workers/meta.py``).
 
 Children inherit the Plan through fork, mappings included: a restarted child is forked from the supervisor again
 and so finds every segment exactly where its predecessor left it. Segments are created by the supervisor, which
@@ -21,7 +22,8 @@ import socket
 from ipc.fdpass import channel_pair
 from ipc.heap import TimerHeap, heap_nbytes
 from ipc.inflight import InFlightTable, inflight_nbytes
-from ipc.shm import Segment, find_stale, instance_prefix, list_segments, segment_name, unlink_name
+from ipc.shm import (Segment, find_dead_instances, instance_prefix, list_segments, remove_segments, segment_name,
+                     unlink_name)
 from workers import control, links, meta
 
 INFLIGHT_CAPACITY = 1 << 17
@@ -51,13 +53,16 @@ class Plan:
         return seg
 
     def remove_stale(self):
-        """Segments of a previous instance with the same data path and node id whose processes are gone.
-        Recovering their messages belongs to persistence; for now they are removed, never reused."""
-        stale = find_stale(self.prefix)
-        for name in stale:
-            unlink_name(name)
-        if stale:
-            self.log.warn(f"removed {len(stale)} stale shared-memory segments of a dead instance")
+        """Segments of every dead broker instance on this host (ours after a crash, or any other data path's and
+        node id's): an instance is dead once its supervisor is (``ipc.shm.find_dead_instances``). Recovering
+        their messages belongs to persistence; for now they are removed, never reused."""
+        dead = find_dead_instances()
+        if not dead:
+            return
+        count, nbytes = remove_segments(name for names in dead.values() for name in names)
+        instances = ", ".join(f"{prefix.strip('/-')} ({len(names)})" for prefix, names in dead.items())
+        self.log.warn(f"removed {count} shared-memory segments ({nbytes / (1 << 20):.1f} MiB) of dead instances "
+                      f"{instances}")
 
     def create(self):
         self.remove_stale()
@@ -68,7 +73,7 @@ class Plan:
         for w in range(self.workers):
             seg = self._create("inflight", inflight_nbytes(INFLIGHT_CAPACITY), w)
             self.inflight.append(InFlightTable.create(seg.buf, 0, INFLIGHT_CAPACITY))
-            self.meta.append(meta.Directory.create(self._create("meta", meta.NBYTES, w)))
+            self.meta.append(meta.Directory.create(meta.journal_path(self.data_path, self.prefix, w)))
         size = heap_nbytes(INFLIGHT_CAPACITY, INFLIGHT_CAPACITY)
         heaps = self._create("heaps", self.workers * size)
         self.heaps = [TimerHeap.create(heaps.buf, w * size, INFLIGHT_CAPACITY, INFLIGHT_CAPACITY)
@@ -92,6 +97,7 @@ class Plan:
             seg.close()
             seg.unlink()
         self.segments.clear()
+        meta.remove_journals(self.data_path, self.prefix)
         # what a child that had to be killed at shutdown could not remove itself (its topic logs)
         for name in list_segments(self.prefix):
             unlink_name(name)
