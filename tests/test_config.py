@@ -44,6 +44,7 @@ NSQD_DEFAULTS = [
     ("max-deflate-level", "6"), ("snappy", "true"),
     ("workers", str(os.cpu_count())),  # nsqpy only
     ("max-disk-bytes-per-topic", str(16 << 30)),  # nsqpy only
+    ("crash-on-body", ""),  # nsqpy only (fault-injection tests)
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
@@ -102,7 +103,7 @@ def test_node_id_is_crc32_of_md5_of_hostname():
 
 def test_nsqpy_only_options_are_marked_and_documented():
     extras = [spec for spec in NsqdOptions.specs() if spec.nsqpy_only]
-    assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic"]
+    assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic", "crash-on-body"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 
 

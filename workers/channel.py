@@ -12,6 +12,7 @@ A message whose ``not_before`` lies in the future (DPUB) is parked as a DEFERRED
 so that it is deferred per channel as NSQ does.
 """
 import collections
+import itertools
 import time
 
 import numpy as np
@@ -19,10 +20,13 @@ import numpy as np
 from ipc import inflight as IF
 from nsqpy.protocol.errors import FinFailed, ReqFailed, TouchFailed
 from nsqpy.protocol.ids import hex_to_id
-from workers.kernels import generations
+from ipc.msglog_layout import FRAME_OVERHEAD
+from workers.kernels import generations, waiting_positions
+from workers.suspects import DELIVERY
 
 ROUND = 256            # messages per consumer per round: fairness between consumers vs. calls per message
-MAX_ROUND_BYTES = 4 << 20
+MAX_ROUND_BYTES = 4 << 20   # frames per round (a single bigger message goes alone)
+NO_STOP = np.iinfo(np.int64).max
 _FAIL_TEXT = {IF.ST_NOT_OWNER: "client does not own message"}
 
 
@@ -45,6 +49,7 @@ class Channel:
         self.requeue_count = 0
         self.timeout_count = 0
         self.deleted = False
+        self.blocked = False    # the last delivery pass found the in-flight table full
         self._rr = 0
         self._slots = np.empty(ROUND, np.int64)
         self._status = np.empty(65536, np.int64)
@@ -76,13 +81,25 @@ class Channel:
         n = len(self.consumers)
         start = self._rr % n
         self._rr += 1
+        self.blocked = False
         for i in range(n):
+            if self.blocked:
+                return False
             s = self.consumers[(start + i) % n]
             free = s.rdy - s.in_flight
             if free <= 0 or not s.ready_for_more():
                 continue
-            if self._deliver_to(s, min(free, ROUND)) == 0 and not self.has_messages():
+            budget = min(free, ROUND)
+            careful = self.worker.suspect.careful_rounds(self.key)
+            if careful:
+                budget = 1  # the worker died delivering this channel: one message per round names the culprit
+            delivered = self._deliver_to(s, budget)
+            if careful and delivered:
+                self.worker.suspect.careful_done()
+            if delivered == 0 and not self.has_messages():
                 return False
+        if self.blocked:
+            return False
         return self.has_messages() and any(c.ready_for_more() for c in self.consumers)
 
     def _deliver_to(self, s, budget):
@@ -91,65 +108,102 @@ class Channel:
         if self.requeued:
             return self._redeliver(s, budget, now, deadline)
         log = self.topic.log
-        b = log.read(self.ch, budget, MAX_ROUND_BYTES)
+        b = log.read(self.ch, budget, MAX_ROUND_BYTES)  # at least one record, however big (delivered alone)
         if b.n == 0:
             return 0
         n = b.n
         pos, ids, nb, att = b.positions[:n], b.ids[:n], b.not_before[:n], b.attempts[:n] + 1
         keep = None
+        stop = NO_STOP  # the first record that found no in-flight slot: the cursor stops there
         deferred = nb > now
         if deferred.any():
-            self._park_deferred(pos[deferred], ids[deferred], att[deferred] - 1, nb[deferred], now)
+            stop = self._park_deferred(pos[deferred], ids[deferred], att[deferred] - 1, nb[deferred], now)
             keep = ~deferred
         if s.settings.sample_rate > 0:
             sampled = np.random.randint(0, 100, n) <= s.settings.sample_rate
             keep = sampled if keep is None else keep & sampled
         if keep is not None:
             pos, ids, att = pos[keep], ids[keep], att[keep]
-        sent = self._start(s, pos, ids, att, now, deadline)
-        log.advance(self.ch, b.next_position)
-        return sent
+        if stop != NO_STOP:
+            before = pos < stop
+            pos, ids, att = pos[before], ids[before], att[before]
+        pos, att, slots, full_at = self._start(s, pos, ids, att, now, deadline)
+        stop = min(stop, full_at)
+        # A full in-flight table is back-pressure, never loss: the cursor passes only what was started, parked
+        # or skipped; what follows is read again once FIN/REQ/timeouts free slots (they all call
+        # wants_delivery). Records after the stop that did get a slot are live in it; re-reading them finds
+        # ST_DUPLICATE and skips them, so they are delivered once, through their slot.
+        # The cursor moves before the frames are written: from here on the messages live in their slots, so a
+        # worker that dies framing them (workers/suspects.py) finds them there, requeued, and can set one aside.
+        log.advance(self.ch, b.next_position if stop == NO_STOP else stop)
+        return self._send(s, pos, att, slots, deadline)
 
     def _start(self, s, pos, ids, att, now, deadline):
+        """In-flight slots for these messages -> (positions, attempts, slots of those that got one, position of
+        the first that found the table full or NO_STOP)."""
         n = len(pos)
         if n == 0:
-            return 0
+            return pos, att, pos, NO_STOP
         w = self.worker
         slots = self._slots[:n] if n <= ROUND else np.empty(n, np.int64)
         started = w.inflight.start_batch(self.topic.index, self.key, s.conn_id, now, deadline, ids, pos, att, slots)
+        full_at = NO_STOP
         if started != n:  # duplicates after a crash re-read, or a full table: deliver only what got a slot
+            full = slots == IF.ST_FULL
+            if full.any():
+                full_at = int(pos[full].min())
+                self._table_full()
             ok = slots >= 0
             pos, att, slots = pos[ok], att[ok], slots[ok]
-            n = len(pos)
-            if n == 0:
-                return 0
+        return pos, att, slots, full_at
+
+    def _send(self, s, pos, att, slots, deadline):
+        """Frame the started messages into s's output and post their timer; -> how many."""
+        n = len(slots)
+        if n == 0:
+            return 0
+        w = self.worker
+        w.suspect.begin(DELIVERY, self.topic.index, self.key, int(pos[0]), n)
         w.write_frames(s, self.topic.log, pos, att)
+        w.suspect.end()
         w.timer_start(slots, deadline)
         s.in_flight += n
         s.message_count += n
         self.message_count += n
         return n
 
+    def _table_full(self):
+        """No in-flight slot left: stop this pass; the worker resumes the channel once a slot is free."""
+        self.blocked = True
+        self.worker.table_blocked.add(self)
+
     def _redeliver(self, s, budget, now, deadline):
+        """Requeued messages first, up to ``budget`` of them and MAX_ROUND_BYTES of frames (at least one, however
+        big it is): a round's frames must fit the worker's frame buffer whatever was requeued."""
         w = self.worker
         table = w.inflight
+        want = min(budget, len(self.requeued))
+        peek = np.fromiter(itertools.islice(self.requeued, want), np.int64, want)
+        pos = np.empty(want, np.int64)
+        waiting_positions(table.slots, peek, pos)
+        live = pos >= 0
+        frames = np.zeros(want, np.int64)
+        if live.any():
+            frames[live] = self.topic.log.records_at(pos[live]).lengths[:int(live.sum())] + FRAME_OVERHEAD
+        total = np.cumsum(frames)
+        take = max(int(np.searchsorted(total, MAX_ROUND_BYTES, side="right")), int(np.argmax(live)) + 1)
         taken = []
-        while self.requeued and len(taken) < budget:
+        for _ in range(min(take, want)):
             slot = self.requeued.popleft()
             if table.redeliver(slot, s.conn_id, now, deadline) == IF.OK:
                 taken.append(slot)
-        if not taken:
-            return 0
         slots = np.array(taken, np.int64)
         _, pos, att = generations(table, slots)
-        w.write_frames(s, self.topic.log, pos, att)
-        w.timer_start(slots, deadline)
-        s.in_flight += len(taken)
-        s.message_count += len(taken)
-        self.message_count += len(taken)
-        return len(taken)
+        return self._send(s, pos, att, slots, deadline)
 
     def _park_deferred(self, pos, ids, att, not_before, now):
+        """Deferred messages wait in an in-flight slot (state DEFERRED) with a timer; -> the position of the first
+        one that found the table full, or NO_STOP."""
         table = self.worker.inflight
         slots = np.empty(len(pos), np.int64)
         table.start_batch(self.topic.index, self.key, -1, now, now, ids, pos, att, slots)
@@ -157,6 +211,11 @@ class Channel:
         for slot, due in zip(slots[ok].tolist(), not_before[ok].tolist()):
             table.requeue(slot, due)
         self.worker.timer_start_each(slots[ok].tolist(), not_before[ok].tolist())
+        full = slots == IF.ST_FULL
+        if full.any():
+            self._table_full()
+            return int(pos[full].min())
+        return NO_STOP
 
     # ---- FIN / REQ / TOUCH -------------------------------------------------------------------------------
     def finish_one(self, s, msg_id):

@@ -4,7 +4,8 @@ Layout (int64 words after the common header line, one LINE per process so writer
 
     line 0          header (magic 'NSQCTRL1', version, size, workers)
     line 1          scanner: epoch (bumped by every scanner start), restarts seen by the supervisor
-    line 2 + w      worker w: connections it serves (written by worker w, read by the acceptor), restarts
+    line 2 + w      worker w: connections it serves (written by worker w, read by the acceptor), restarts, then
+                    its suspect words (what it is doing, for its replacement: workers/suspects.py)
     then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
 
 The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop
@@ -81,6 +82,11 @@ class Control:
 
     def topic_full(self, w, crc):
         return int(self.w[self._full_slot(w, crc)]) == _FULL_MARK | crc  # a stale answer costs one publish
+
+    def suspect(self, w):
+        """Worker w's suspect words (workers/suspects.py): what it is doing, for its replacement."""
+        from workers.suspects import Suspect
+        return Suspect(self.w, self._worker(w, 0))
 
     def bump_scanner_epoch(self):
         py_fetch_add(self.w, SCANNER_EPOCH, 1)

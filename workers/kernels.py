@@ -6,7 +6,7 @@ writer and these run in the worker, so plain loads are enough.
 import numpy as np
 from numba import njit
 
-from ipc.inflight import (F_ATTEMPTS, FREE, HALF_WORDS, S_CHANNEL, S_HALF0, S_LOG_POS, S_TAG,
+from ipc.inflight import (DEFERRED, F_ATTEMPTS, FREE, HALF_WORDS, REQUEUED, S_CHANNEL, S_HALF0, S_LOG_POS, S_TAG,
                           SLOT_WORDS)
 
 
@@ -44,6 +44,16 @@ def slot_fields(slots, which, out_gen, out_pos, out_attempts):
         out_gen[i] = tag >> 3
         out_pos[i] = slots[b + S_LOG_POS]
         out_attempts[i] = slots[b + S_HALF0 + ((tag >> 2) & 1) * HALF_WORDS + F_ATTEMPTS]
+
+
+@njit(cache=True, nogil=True)
+def waiting_positions(slots, which, out_pos):
+    """Log position of each given slot that is REQUEUED or DEFERRED (waiting to be delivered again), else -1
+    (a slot that changed state since it was queued: redelivering it will fail, and its position may be gone)."""
+    for i in range(which.shape[0]):
+        b = which[i] * SLOT_WORDS
+        state = slots[b + S_TAG] & 3
+        out_pos[i] = slots[b + S_LOG_POS] if state == REQUEUED or state == DEFERRED else -1
 
 
 def generations(table, which):

@@ -17,6 +17,8 @@ import signal
 import time
 import traceback
 
+IDLE_RETRY = 0.05  # seconds before idle work that raised runs again
+
 
 class Timer:
     __slots__ = ("when", "callback", "cancelled")
@@ -38,6 +40,7 @@ class Loop:
         self._masks = {}
         self._timers = []
         self._seq = itertools.count()
+        self._critical = set()
         self._idle = []
         self._running = False
         self.log = logger
@@ -59,6 +62,11 @@ class Loop:
         elif old != mask:
             self._ep.modify(fd, mask)
             self._masks[fd] = mask
+
+    def keep_on_error(self, fd):
+        """A callback of fd that raises is logged but fd stays (the pump's epoll set or a ring's eventfd: dropping
+        it would silence every connection or ring of the process, not one)."""
+        self._critical.add(fd)
 
     def add_reader(self, fd, callback):
         self._readers[fd] = callback
@@ -138,8 +146,12 @@ class Loop:
             if timers:
                 timeout = max(0.0, timers[0][0] - monotonic())
             for cb in self._idle:
-                if cb():
-                    timeout = 0  # idle work wants another pass right away
+                try:
+                    if cb():
+                        timeout = 0  # idle work wants another pass right away
+                except Exception:
+                    self._report("idle callback failed")
+                    timeout = IDLE_RETRY if timeout == -1 else min(timeout, IDLE_RETRY)  # retry soon, no spin
             try:
                 events = poll(timeout)
             except InterruptedError:
@@ -176,7 +188,8 @@ class Loop:
     def _failed(self, fd):
         """A callback raised: log it and drop the fd, so one broken connection cannot spin the loop."""
         self._report(f"callback for fd {fd} failed")
-        self.forget(fd)
+        if fd not in self._critical:
+            self.forget(fd)
 
     def close(self):
         self._ep.close()

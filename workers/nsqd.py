@@ -26,6 +26,20 @@ def version_string():
     return f"nsqd v{NSQ_VERSION}-nsqpy (built w/{platform.python_implementation().lower()}{platform.python_version()})"
 
 
+MAPS_PER_TOPIC = 4      # control block, segment window, its first segment, slack for a spill segment
+MAPS_RESERVED = 2000    # the interpreter, numpy, numba and the broker's own segments
+
+
+def topics_per_worker():
+    """How many topics one worker can map under this host's vm.max_map_count, or None if it cannot be read."""
+    try:
+        with open("/proc/sys/vm/max_map_count") as f:
+            limit = int(f.read())
+    except (OSError, ValueError):
+        return None
+    return max(0, limit - MAPS_RESERVED) // MAPS_PER_TOPIC
+
+
 def main(argv=None):
     opts = NsqdOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqd")
     if opts.version:
@@ -36,6 +50,10 @@ def main(argv=None):
     sup.trap_stop_signals()
     log.info(version_string())
     log.info(f"ID: {opts.node_id}")
+    per_worker = topics_per_worker()
+    if per_worker is not None and per_worker < 100_000:
+        log.info(f"vm.max_map_count allows about {per_worker} topics per worker ({per_worker * max(1, opts.workers)} "
+                 f"in all); deploy/sysctl.d/60-nsqpy.conf raises it")
     plan = Plan(opts, log)
     try:
         t0 = time.monotonic()

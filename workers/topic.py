@@ -17,13 +17,27 @@ import zlib
 import numpy as np
 
 from ipc.filesegment import FileSegmentProvider
-from ipc.msglog import LogFull, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from ipc.msglog import LogError, LogFull, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from ipc.msglog_layout import record_size
 from ipc.shm import Segment, SegmentError, segment_name
 from nsqpy.protocol.ids import SEQUENCE_MASK, TWEPOCH, IdGenerator
 from workers.channel import Channel
 
-SEGMENT_SIZE = 8 << 20
+SEGMENT_SIZE = 8 << 20   # the smallest segment; topics get bigger ones when --max-msg-size asks for it
 MEM_BYTES_PER_MESSAGE = 1024
+
+
+class StorageError(RuntimeError):
+    """A topic could not store a publish: no shared memory or disk space, or its segments could not be made.
+    The message says why; nothing of the publish was stored."""
+
+
+def segment_size_for(max_msg_size):
+    """A record never crosses a segment, so a segment must hold the largest message --max-msg-size allows:
+    the smallest power of two >= SEGMENT_SIZE that does (segments are reserved lazily, so a big segment costs
+    address space, not memory, until messages fill it)."""
+    need = max(SEGMENT_SIZE, record_size(max_msg_size))
+    return 1 << (need - 1).bit_length()
 
 
 def name_hash(name):
@@ -54,22 +68,27 @@ class Topic:
         base = segment_name(self.worker.data_path, opts.node_id, "log", h)
         self.memory = ShmSegmentProvider(base)
         self.disk = None if self.ephemeral else FileSegmentProvider(self.worker.data_path, f"nsqpy-{h:x}")
+        seg = segment_size_for(opts.max_msg_size)
         # at least two segments: the head is always inside the newest one, so with a single segment a full log
         # could never turn over, however fast its channels drain it
-        mem_bytes = max(2 * SEGMENT_SIZE, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // SEGMENT_SIZE)
-                        * SEGMENT_SIZE)
-        disk_bytes = 0 if self.ephemeral else opts.max_disk_bytes_per_topic
+        mem_bytes = max(2 * seg, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // seg) * seg)
+        disk_bytes = 0 if self.ephemeral else max(opts.max_disk_bytes_per_topic, 2 * seg)
         ctrl_name = segment_name(self.worker.data_path, opts.node_id, "topic", h)
         if not restarted:
             try:
-                self.ctrl = Segment.create(ctrl_name, log_ctrl_nbytes(SEGMENT_SIZE, mem_bytes, disk_bytes))
+                self.ctrl = Segment.create(ctrl_name, log_ctrl_nbytes(seg, mem_bytes, disk_bytes))
             except SegmentError as e:
                 if e.errno != errno.EEXIST:
                     raise
                 restarted = True  # left by a crash between creating the log and recording it: keep its messages
             else:
-                self.log = MessageLog.create(self.ctrl.buf, 0, segment_size=SEGMENT_SIZE, mem_bytes=mem_bytes,
-                                             memory=self.memory, disk_bytes=disk_bytes, disk=self.disk)
+                try:
+                    self.log = MessageLog.create(self.ctrl.buf, 0, segment_size=seg, mem_bytes=mem_bytes,
+                                                 memory=self.memory, disk_bytes=disk_bytes, disk=self.disk)
+                except BaseException:
+                    self.ctrl.close()  # its window could not be mapped (too many maps?): leave nothing behind
+                    self.ctrl.unlink()
+                    raise
                 return
         self.ctrl = Segment.attach(ctrl_name)
         self.ctrl.adopt()
@@ -99,11 +118,11 @@ class Topic:
         if defer_ms:
             not_before = np.full(n, now + defer_ms * 1_000_000, np.int64)
         try:
-            self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before)
+            self._append(src, offsets, lengths, timestamps, ids, not_before)
         except LogFull:
             self.worker.refresh_low_water([self])
             try:
-                self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before)
+                self._append(src, offsets, lengths, timestamps, ids, not_before)
             except LogFull:
                 if self.ephemeral:
                     return True  # NSQ drops what an ephemeral topic cannot hold
@@ -111,7 +130,7 @@ class Topic:
                 if not acknowledged:
                     return False
                 try:
-                    self.log.append_batch(src, offsets, lengths, timestamps, ids, not_before, overdraft=True)
+                    self._append(src, offsets, lengths, timestamps, ids, not_before, overdraft=True)
                 except LogFull:
                     return False
         else:
@@ -124,14 +143,31 @@ class Topic:
                 self.worker.pending.add(ch)
         return True
 
+    def _append(self, *args, overdraft=False):
+        """The log's append_batch; any failure but a full budget (LogFull) becomes StorageError, after marking
+        the topic full for the other workers (they refuse its publishes at once instead of forwarding what cannot
+        be stored) and one log line with the cause."""
+        try:
+            self.log.append_batch(*args, overdraft=overdraft)
+        except LogFull:
+            raise
+        except (LogError, OSError, ValueError) as e:
+            self.set_full(True)
+            self.worker.storage_failed(f"TOPIC({self.name}): cannot store messages", e)
+            raise StorageError(f"topic {self.name}: {e}") from None
+
     # ---- channels --------------------------------------------------------------------------------------
     def get_channel(self, name):
         ch = self.channels.get(name)
         if ch is None:
             ch = Channel(self, name, self.log.open_channel(), self.worker.next_channel_key())
+            try:
+                self.worker.directory.channel_created(self.index, name, ch.ch, ch.key)
+            except OSError as e:  # unrecorded, a replacement would not know its cursor: undo
+                self.log.close_channel(ch.ch)
+                raise StorageError(f"channel {self.name}:{name} cannot be recorded: {e}") from None
             self.channels[name] = ch
             self.worker.channels_by_key[ch.key] = ch
-            self.worker.save_meta()
         return ch
 
     def delete_channel(self, name):
@@ -145,7 +181,7 @@ class Topic:
             s.channel = None
             s.close()
         self.log.close_channel(ch.ch)
-        self.worker.save_meta()
+        self.worker._record(self.worker.directory.channel_deleted, ch.key)
         if self.ephemeral and not self.channels:
             self.worker.delete_topic(self.name)
 

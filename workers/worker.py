@@ -17,17 +17,20 @@ Restart: a worker forked again after a crash (``restarted``) reads its topic dir
 each topic's log, recovers its in-flight table and requeues everything that was in flight at the dead process's
 connections (their clients are gone), then tells the scanner to reset its heap and re-posts the deferred timers.
 """
+import os
 import signal
 import struct
 import time
+import traceback
 import zlib
 
 import numpy as np
 
 from ipc import inflight as IF
-from ipc.msglog import NO_LOW_WATER
-from ipc.ring import C_READ, P_TAIL
-from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed, TooManyChannelConsumers
+from ipc.msglog import NO_LOW_WATER, LogError
+from ipc.msglog_layout import FRAME_OVERHEAD
+from ipc.ring import C_HEAD, C_READ, P_TAIL
+from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed, SubFailed, TooManyChannelConsumers
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.identify import ServerSettings
 from nsqpy.protocol.v2_parser import Limits
@@ -37,15 +40,22 @@ from workers.loop import Loop
 from workers.pump import Pump, pack_bodies
 from workers.scanner import EXPIRED, REMOVE, RESET, START
 from workers.session import MIGRATED
+from workers.suspects import COUNT as SUSPECT_COUNT, DELIVERY as DELIVERY_SUSPECT, FORWARD as FORWARD_SUSPECT, \
+    quarantine_file
 from workers.timers import TimerBatches
-from workers.topic import Topic
+from workers.topic import StorageError, Topic
 
 FORWARD = 1
 _FWD_HEAD = struct.Struct("<qqqq")  # forwarded publish: message count, timestamp ns, defer ms, topic name length
 FRAME_SCRATCH = 8 << 20
 SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
 FORWARD_WAIT = 0.5             # seconds a publish waits for room in a full ring before it fails
+FORWARD_RETRY = 0.05           # seconds before a forwarded publish the owner could not append is tried again
 LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
+
+
+def _nothing():
+    pass
 
 
 def server_settings(opts):
@@ -85,6 +95,9 @@ class Worker(Connections):
         self.channels_by_key = {}
         self.dirty = []
         self.pending = set()
+        self.table_blocked = set()     # channels stopped by a full in-flight table
+        self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
+        self._storage_logged = {}
         self.pump = Pump(self.limits.max_msg_size, index)
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
@@ -104,10 +117,13 @@ class Worker(Connections):
         for link in list(self.pub_out.values()) + [self.to_scanner]:
             self.links.recover_writer(link)
         self._stopping = False
+        self.suspect = self.control.suspect(index)
+        self._fwd_k = 0                 # index of the forwarded record being appended, in its drain batch
+        self._fwd_poison = None         # (link, index in its first batch): a forwarded record to set aside
+        self._crash_on = self.opts.crash_on_body.encode()
         if restarted:
             self._recover()
-        else:
-            self.save_meta()
+            self._after_crash()
 
     # ---- plumbing --------------------------------------------------------------------------------------
     def run(self, ready_fd):
@@ -117,9 +133,10 @@ class Worker(Connections):
         self.loop.add_reader(self.inbox.fileno(), self._on_handoff)
         self.loop.add_reader(self.links.eventfd(self.index), self._on_wake)
         self.loop.add_reader(self.pump.epfd, self.pump.read)
+        for fd in (self.pump.epfd, self.links.eventfd(self.index), self.inbox.fileno()):
+            self.loop.keep_on_error(fd)
         self.loop.add_idle(self._idle)
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
-        import os
         os.write(ready_fd, b"w")
         self.loop.run()
 
@@ -169,7 +186,10 @@ class Worker(Connections):
         owner = owner_of(topic, self.plan.workers)
         if owner == self.index:
             self._catch_up()
-            ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
+            try:
+                ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
+            except StorageError as e:
+                raise error(f"{verb} failed {e}") from None
             if not ok:
                 raise error(f"{verb} failed topic {topic} is full")
         elif not self._forward(owner, topic, src, offsets, lengths, now, defer_ms):
@@ -182,7 +202,10 @@ class Worker(Connections):
         now = time.time_ns()
         owner = owner_of(topic, self.plan.workers)
         if owner == self.index:
-            return self.get_topic(topic).append(buf, offsets, lengths, now)
+            try:
+                return self.get_topic(topic).append(buf, offsets, lengths, now)
+            except StorageError:
+                return False  # already logged; the pump answers E_PUB_FAILED
         return self._forward(owner, topic, buf, offsets, lengths, now, 0)
 
     def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
@@ -218,6 +241,25 @@ class Worker(Connections):
         return True
 
     def _on_forwarded(self, rtype, payload):
+        """Append one forwarded publish (already answered OK by the sender). False keeps it in the ring: the
+        topic cannot take it now (budgets used up, no space, topic cannot be created), and draining pauses for
+        FORWARD_RETRY so the worker does not spin on it; it is never dropped."""
+        if self._fwd_blocked_until:
+            if time.monotonic() < self._fwd_blocked_until:
+                return False
+            self._fwd_blocked_until = 0.0
+        self.suspect.w[self.suspect.base + SUSPECT_COUNT] = self._fwd_k
+        try:
+            ok = self._append_forwarded(payload)
+        except StorageError:
+            ok = False
+        self._fwd_k += 1
+        if not ok:
+            self._fwd_blocked_until = time.monotonic() + FORWARD_RETRY
+            self.loop.call_later(FORWARD_RETRY, _nothing)  # wakes the loop to try again
+        return ok
+
+    def _append_forwarded(self, payload):
         n, ts, defer_ms, tl = _FWD_HEAD.unpack_from(payload)
         p = _FWD_HEAD.size
         topic = bytes(payload[p:p + tl]).decode()
@@ -239,24 +281,64 @@ class Worker(Connections):
         """Append everything other workers committed to their rings so far, before publishing here: a producer
         handed over to this worker must not have its next messages overtake those it published before the
         move (they were committed before their OK, so before the client sent the next one)."""
-        for link in self.pub_in:
+        for i, link in enumerate(self.pub_in):
             ctl = link.ring.ctl
             target = int(ctl[P_TAIL])
-            while int(ctl[C_READ]) < target and link.drain(self._on_forwarded):
+            while int(ctl[C_READ]) < target and self._drain_from(i):
                 pass
 
     def _drain_pub_rings(self):
-        return sum(r.drain(self._on_forwarded) for r in self.pub_in)
+        return sum(self._drain_from(i) for i in range(len(self.pub_in)))
+
+    def _drain_from(self, i):
+        """Drain forwarded publishes from the i-th input ring, with the suspect words naming each record (the ring's
+        release position when the drain began, and the record's index after it)."""
+        link = self.pub_in[i]
+        ctl = link.ring.ctl
+        if ctl[P_TAIL] == ctl[C_READ]:
+            return 0
+        self.suspect.begin(FORWARD_SUSPECT, i, 0, int(ctl[C_HEAD]), 0)
+        self._fwd_k = 0
+        handler = self._on_forwarded
+        if self._fwd_poison is not None and self._fwd_poison[0] == i:
+            handler = self._set_aside_forwarded
+        done = link.drain(handler)
+        self.suspect.end()
+        return done
+
+    def _set_aside_forwarded(self, rtype, payload):
+        """The first drain of the ring a poison record came from: set that record aside, append the others."""
+        if self._fwd_k != self._fwd_poison[1]:
+            return self._on_forwarded(rtype, payload)
+        n, ts, _, tl = _FWD_HEAD.unpack_from(payload)
+        topic = bytes(payload[_FWD_HEAD.size:_FWD_HEAD.size + tl]).decode(errors="replace")
+        path = quarantine_file(self.data_path, f"{topic}.forwarded.{ts}", bytes(payload))
+        self._fwd_poison = None
+        self._fwd_k += 1
+        self.suspect.count_quarantined()
+        self.log.error(f"worker {self.index}: a forwarded publish of {n} messages to topic {topic} crashed this "
+                       f"worker twice; set aside in {path}")
+        return True
 
     # ---- topics and channels ---------------------------------------------------------------------------
     def get_topic(self, name, restarted=False):
+        """The topic, created on first use. Raises StorageError (logged) when its shared memory cannot be had."""
         t = self.topics.get(name)
         if t is None:
             self._topic_seq += 1
-            t = Topic(self, name, self._topic_seq, restarted)
+            try:
+                t = Topic(self, name, self._topic_seq, restarted)
+            except (OSError, LogError) as e:
+                self.storage_failed(f"TOPIC({name}): cannot be created", e)
+                raise StorageError(f"topic {name} cannot be created: {e}") from None
+            try:
+                self.directory.topic_created(name, t.index)
+            except OSError as e:  # unrecorded, a replacement could not find it: undo
+                t.destroy()
+                self.storage_failed(f"TOPIC({name}): cannot be recorded", e)
+                raise StorageError(f"topic {name} cannot be recorded: {e}") from None
             self.topics[name] = t
             self.topics_by_index[t.index] = t
-            self.save_meta()
             self.log.info(f"TOPIC({name}): created")
         return t
 
@@ -265,8 +347,16 @@ class Worker(Connections):
         if t is not None:
             self.topics_by_index.pop(t.index, None)
             t.destroy()
-            self.save_meta()
+            self._record(self.directory.topic_deleted, t.index)
             self.log.info(f"TOPIC({name}): deleted")
+
+    def _record(self, change, *args):
+        """A deletion for the directory; one that cannot be written is logged: the replacement of a worker that
+        dies before the next change skips what it cannot find any more (``_recover``)."""
+        try:
+            change(*args)
+        except OSError as e:
+            self.log.error(f"worker {self.index}: the topic directory could not record a deletion: {e}")
 
     def next_channel_key(self):
         self._channel_seq += 1
@@ -275,7 +365,10 @@ class Worker(Connections):
     def subscribe(self, s, topic, channel):
         if owner_of(topic, self.plan.workers) != self.index:
             return MIGRATED
-        ch = self.get_topic(topic).get_channel(channel)
+        try:
+            ch = self.get_topic(topic).get_channel(channel)
+        except StorageError as e:
+            raise SubFailed(f"SUB failed {e}") from None
         limit = self.opts.max_channel_consumers
         if limit and len(ch.consumers) >= limit:
             raise TooManyChannelConsumers(f"channel consumers for {topic}:{channel} exceeds limit of {limit}")
@@ -285,8 +378,31 @@ class Worker(Connections):
 
     # ---- delivery and flushing -------------------------------------------------------------------------
     def write_frames(self, s, log, positions, attempts):
-        end = log.write_frames(self._scratch, 0, positions, attempts)
-        s.write(memoryview(self._scratch)[:end])
+        """Frame the records at positions into s's output. A round is at most MAX_ROUND_BYTES of frames, unless
+        one message is bigger: then it comes alone and gets a buffer of its own size."""
+        out = self._scratch
+        need = int(log.records_at(positions).lengths[:len(positions)].sum()) + FRAME_OVERHEAD * len(positions)
+        if need > out.size:
+            out = np.empty(need, np.uint8)
+        if self._crash_on:
+            self._fault_injection(log, positions)
+        end = log.write_frames(out, 0, positions, attempts)
+        s.write(memoryview(out)[:end])
+
+    def _fault_injection(self, log, positions):
+        """--crash-on-body (tests only): die as a kernel bug would, on framing a message that starts so."""
+        for p in np.asarray(positions).tolist():
+            if log.body(p).startswith(self._crash_on):
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+    def storage_failed(self, what, exc):
+        """A publish or topic creation failed for lack of memory or disk: one log line per cause and second (a
+        full /dev/shm would otherwise log once per PUB)."""
+        now = time.monotonic()
+        key = (what, type(exc))
+        if now - self._storage_logged.get(key, 0.0) >= 1.0:
+            self._storage_logged[key] = now
+            self.log.error(f"{what}: {exc}")
 
     def _inputs_empty(self):
         return self.from_scanner.empty() and all(r.empty() for r in self.pub_in)
@@ -304,12 +420,21 @@ class Worker(Connections):
         if epoch != self._scanner_epoch:
             self._scanner_epoch = epoch
             self.resync_scanner()
+        if self.table_blocked and len(self.inflight) < self.inflight.capacity:
+            self.pending |= self.table_blocked  # slots were freed: resume the channels the full table stopped
+            self.table_blocked.clear()
         if self.pending:
             pending, self.pending = self.pending, set()
             for ch in pending:
-                if ch.deliver():
-                    self.pending.add(ch)
-                    more = True
+                try:
+                    if ch.deliver():
+                        self.pending.add(ch)
+                        more = True
+                except Exception:
+                    # never let one channel's delivery kill the worker (and every other topic with it); its
+                    # messages stay where they are and the next FIN/REQ/publish tries again
+                    self.log.error(f"worker {self.index}: delivery on {ch.topic.name}/{ch.name} failed: "
+                                   f"{traceback.format_exc().strip()}")
         if self.dirty:
             dirty, self.dirty = self.dirty, []
             for s in dirty:
@@ -396,14 +521,46 @@ class Worker(Connections):
                 topic.set_full(False)
 
     # ---- the topic directory and recovery --------------------------------------------------------------
-    def save_meta(self):
-        doc = {"topics": [
-            {"name": t.name, "index": t.index, "paused": t.paused,
-             "channels": [{"name": c.name, "ch": c.ch, "key": c.key, "paused": c.paused}
-                          for c in t.channels.values()]}
-            for t in self.topics.values()],
-            "topic_seq": self._topic_seq, "channel_seq": self._channel_seq}
-        self.directory.write(doc)
+    def _after_crash(self):
+        """Read what the dead predecessor was doing (workers/suspects.py): a delivery round makes its channel
+        careful, a record that crashed it twice is set aside."""
+        kind, a, key, pos, count = self.suspect.left_behind()
+        if kind == DELIVERY_SUSPECT:
+            ch = self.channels_by_key.get(key)
+            if ch is None:
+                return
+            if count == 1 and self.suspect.careful_rounds(key) > 0:
+                self._set_aside(ch, pos)
+                self.suspect.set_careful(0, 0)
+            else:
+                # deliver this channel one message per round until the suspect round's messages (now requeued,
+                # with whatever else was in flight) have gone out alone: the next crash names the message
+                self.suspect.set_careful(key, count + len(ch.requeued))
+                self.log.warn(f"worker {self.index}: died delivering {count} messages of {ch.topic.name}/"
+                              f"{ch.name}; delivering them one at a time")
+        elif kind == FORWARD_SUSPECT:
+            if self.suspect.forwarded_again(a, pos, count):
+                self._fwd_poison = (a, count)
+
+    def _set_aside(self, ch, pos):
+        """Take the message at log position pos out of channel ch's delivery and keep its body on disk."""
+        log = ch.topic.log
+        table = self.inflight
+        for slot in list(ch.requeued):
+            if table.slot(slot).log_pos == pos:
+                ch.requeued.remove(slot)
+                break
+        else:
+            slot = None
+        msg_id = int(log.records_at([pos]).ids[0]) & 0xFFFFFFFFFFFFFFFF
+        path = quarantine_file(self.data_path, f"{ch.topic.name}.{ch.name}.{msg_id:016x}", log.body(pos))
+        if slot is not None:
+            table.release(slot)
+        elif log.cursor(ch.ch) == pos:
+            log.advance(ch.ch, log.read(ch.ch, 1, 1 << 62).next_position)
+        self.suspect.count_quarantined()
+        self.log.error(f"worker {self.index}: message {msg_id:016x} of {ch.topic.name}/{ch.name} crashed this "
+                       f"worker twice; set aside in {path}")
 
     def _recover(self):
         from workers.channel import Channel
@@ -412,7 +569,13 @@ class Worker(Connections):
         self._channel_seq = doc.get("channel_seq", 0)
         for td in doc["topics"]:
             t = Topic.__new__(Topic)
-            Topic.__init__(t, self, td["name"], td["index"], restarted=True)
+            try:
+                Topic.__init__(t, self, td["name"], td["index"], restarted=True)
+            except Exception as e:
+                # e.g. deleted by the dead process after its last recorded change: a topic that cannot be
+                # re-attached must not take the worker's other topics down with it (a crash loop)
+                self.log.error(f"worker {self.index}: TOPIC({td['name']}) cannot be recovered: {e!r}")
+                continue
             t.paused = td["paused"]
             self.topics[t.name] = t
             self.topics_by_index[t.index] = t

@@ -153,6 +153,9 @@ class NsqdOptions(DaemonOptions):
     max_disk_bytes_per_topic: int = option(Int(1 << 20), 16 << 30, "nsqpy only: bytes a topic may keep on disk "
                                            "beyond its memory queue before PUB fails (each topic reserves twice "
                                            "this much address space, not memory)", nsqpy_only=True)
+    crash_on_body: str = option(Str(), "", "nsqpy only: for fault-injection tests, a worker kills itself with "
+                                "SIGSEGV when it frames a message whose body starts with this text (never set "
+                                "it in production)", nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.
