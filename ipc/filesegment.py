@@ -26,6 +26,7 @@ import os
 
 
 from ipc.layout import HEADER_WORDS, LayoutError, align_up, magic, stamp_header, words
+from ipc.rawmap import map_fd
 from ipc.shm import (MappedPayload, SegmentError, SegmentProvider, check_mapped_header, reserve_and_map,
                      reserved_bytes)
 
@@ -77,7 +78,7 @@ class FileSegment(MappedPayload):
             length = os.fstat(fd).st_size
             if length < PAYLOAD_OFFSET:
                 raise LayoutError(f"file segment {path}: {length} bytes is too small to hold a header")
-            mapping = mmap.mmap(fd, length)
+            mapping = map_fd(fd, length)
         finally:
             os.close(fd)
         check_mapped_header(mapping, FILE_MAGIC, FILE_VERSION, size, (tag, tag_version), f"file segment {path}")
@@ -88,8 +89,13 @@ class FileSegment(MappedPayload):
         return int(self._header[3]), int(self._header[4])
 
     def flush(self) -> None:
-        """Write dirty pages to the disk (msync)."""
-        self._map.flush()
+        """Write dirty pages to the disk: the mapping shares the file's page cache, so an fsync of the file
+        writes them (the mapping keeps no fd of its own)."""
+        fd = os.open(self.path, os.O_RDWR | os.O_CLOEXEC)
+        try:
+            os.fsync(fd)
+        finally:
+            os.close(fd)
 
     def unlink(self) -> None:
         try:

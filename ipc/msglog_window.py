@@ -7,46 +7,33 @@ process reserves W * segment_size bytes of address space once (PROT_NONE, MAP_NO
 committed), and maps segment k over slot ``k % W`` with MAP_FIXED|MAP_SHARED from the segment's fd (a /dev/shm
 object or a file: the kernels cannot tell). Releasing a slot maps fresh PROT_NONE over it, so the range stays
 reserved and nothing else of the process is ever placed inside it. The numpy views (``data``, ``data64``) span the
-whole range and never move; touching an unmapped slot is a SIGSEGV, i.e. a kernel bug, never silent corruption.
+whole range (until the log grows the window); touching an unmapped slot is a SIGSEGV, i.e. a kernel bug, never silent corruption.
 A segment file is sparse (only what the log reached is reserved, see ``ipc.msglog``): mapping it whole commits
 nothing, so a slot costs address space only, and big segments (up to ``MAX_SEGMENT_SIZE``; 128 MiB for a 64 MiB
---max-msg-size) cost no more than small ones until they fill. A window takes up to twice the topic's budgets in address
-space (W is a power of two), e.g. 32 GiB for the default 16 GiB disk budget, whatever the segment size.
+--max-msg-size) cost no more than small ones until they fill. A window holds the segments retained now, not the
+whole budget: it starts at INITIAL_WINDOW slots and the log replaces it by one twice as big when it outgrows it
+(``MessageLog._fit``), so its views move then; kernels get them from the log on every call.
 
-Python's ``mmap`` module cannot map at a fixed address, hence libc ``mmap`` through ctypes; that is the only use of
-ctypes in the log and it runs only when a segment is created, attached or released.
+Python's ``mmap`` module cannot map at a fixed address, hence libc ``mmap`` through ctypes (``ipc.rawmap``); it
+runs only when a segment is created, attached or released.
 
 Resource handling: ``close()`` unmaps the whole range; the views must not be used after it (the owning
 ``MessageLog`` drops them first). A forked child inherits the range and its mappings as they were at fork.
 """
 from __future__ import annotations
 
-import ctypes
 import mmap
-import os
 
 import numpy as np
 
+from ipc.rawmap import mmap_at, munmap
+
 __all__ = ["SegmentWindow"]
 
-_libc = ctypes.CDLL(None, use_errno=True)
-_libc.mmap.restype = ctypes.c_void_p
-_libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
-_libc.munmap.restype = ctypes.c_int
-_libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
-_MAP_FAILED = ctypes.c_void_p(-1).value
 _PROT_NONE = 0
 _MAP_FIXED = 0x10
 _MAP_NORESERVE = 0x4000
 _RESERVE = mmap.MAP_PRIVATE | mmap.MAP_ANONYMOUS | _MAP_NORESERVE
-
-
-def _mmap(addr, length, prot, flags, fd, offset):
-    got = _libc.mmap(addr, length, prot, flags, fd, offset)
-    if got is None or got == _MAP_FAILED:
-        err = ctypes.get_errno()
-        raise OSError(err, f"mmap of {length} bytes failed: {os.strerror(err)}")
-    return got
 
 
 class _ArrayAt:
@@ -63,7 +50,7 @@ class SegmentWindow:
         self.slots = slots
         self.segment_size = segment_size
         self.nbytes = slots * segment_size
-        self._base = _mmap(None, self.nbytes, _PROT_NONE, _RESERVE, -1, 0)
+        self._base = mmap_at(None, self.nbytes, _PROT_NONE, _RESERVE, -1, 0)
         self.data = np.asarray(_ArrayAt(self._base, self.nbytes))
         self.data64 = self.data.view(np.int64)
         self.mapped = [-1] * slots  # segment number mapped at each slot by this process, -1 for none
@@ -74,7 +61,7 @@ class SegmentWindow:
     def map(self, k: int, fd: int, offset: int) -> None:
         """Map segment k (bytes [offset, offset + segment_size) of fd) at its slot."""
         slot = k % self.slots
-        _mmap(self._slot_addr(slot), self.segment_size, mmap.PROT_READ | mmap.PROT_WRITE,
+        mmap_at(self._slot_addr(slot), self.segment_size, mmap.PROT_READ | mmap.PROT_WRITE,
               mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
         self.mapped[slot] = k
 
@@ -83,12 +70,12 @@ class SegmentWindow:
         slot = k % self.slots
         if self.mapped[slot] != k:
             return
-        _mmap(self._slot_addr(slot), self.segment_size, _PROT_NONE, _RESERVE | _MAP_FIXED, -1, 0)
+        mmap_at(self._slot_addr(slot), self.segment_size, _PROT_NONE, _RESERVE | _MAP_FIXED, -1, 0)
         self.mapped[slot] = -1
 
     def close(self) -> None:
         if self._base is None:
             return
         self.data = self.data64 = None
-        _libc.munmap(self._base, self.nbytes)
+        munmap(self._base, self.nbytes)
         self._base = None

@@ -53,6 +53,7 @@ import numpy as np
 import posix_ipc
 
 from ipc.atomics import py_load_acquire
+from ipc.rawmap import map_fd
 from ipc.layout import (HEADER_WORDS, H_MAGIC, H_PARAMS, H_SIZE, LayoutError, align_up, check_header, magic,
                         stamp_header, words)
 
@@ -134,10 +135,7 @@ class MappedPayload:
         if self._map is None:
             return
         self.buf = self._header = None
-        try:
-            self._map.close()
-        except BufferError:
-            pass  # views of the payload are alive elsewhere; the mapping goes with the last of them
+        _close_mapping(self._map)
         self._map = None
 
     def __enter__(self):
@@ -164,15 +162,25 @@ def reserve_range(fd: int, offset: int, nbytes: int, what: str, hint: str) -> No
                                       f"{os.strerror(exc.errno)} ({hint})") from exc
 
 
-def reserve_and_map(fd: int, total: int, what: str, hint: str, reserved: int | None = None) -> mmap.mmap:
+def _close_mapping(mapping) -> None:
+    """An mmap.mmap is closed now unless views of it are alive; a ``rawmap.map_fd`` array is unmapped when its
+    last view goes (dropping the reference is all there is to do)."""
+    if isinstance(mapping, mmap.mmap):
+        try:
+            mapping.close()
+        except BufferError:
+            pass  # views of the payload are alive elsewhere; the mapping goes with the last of them
+
+
+def reserve_and_map(fd: int, total: int, what: str, hint: str, reserved: int | None = None) -> np.ndarray:
     """Size fd to ``total`` bytes, reserve its first ``reserved`` bytes (all when None; the rest stays sparse)
-    and map it whole."""
+    and map it whole (``rawmap.map_fd``: the mapping keeps no fd)."""
     try:
         os.ftruncate(fd, total)
     except OSError as exc:
         raise SegmentError(exc.errno, f"cannot size {what} to {total} bytes: {os.strerror(exc.errno)}") from exc
     reserve_range(fd, 0, total if reserved is None else min(reserved, total), what, hint)
-    return mmap.mmap(fd, total)
+    return map_fd(fd, total)
 
 
 def reserved_bytes(reserve: int | None, total: int) -> int:
@@ -220,7 +228,7 @@ def check_mapped_header(mapping: mmap.mmap, magic_word: int, version: int, size,
             raise LayoutError(f"{what}: header claims {found[0]} payload bytes, file has "
                               f"{len(mapping) - PAYLOAD_OFFSET}")
     except LayoutError:
-        mapping.close()
+        _close_mapping(mapping)
         raise
 
 
@@ -307,7 +315,7 @@ class Segment(MappedPayload):
         try:
             if shm.size < PAYLOAD_OFFSET:
                 raise LayoutError(f"segment {name}: {shm.size} bytes is too small to hold a segment header")
-            mapping = mmap.mmap(shm.fd, shm.size)
+            mapping = map_fd(shm.fd, shm.size)  # keeps no fd: a process may hold many thousand segments
         finally:
             shm.close_fd()
         check_mapped_header(mapping, SEGMENT_MAGIC, SEGMENT_VERSION, size, (tag, tag_version),
