@@ -146,8 +146,11 @@ class ShmSegmentProvider(SegmentProvider):
     def _fd(self, k: int) -> int:
         return open_segment_fd(self.name(k))  # the caller closes it
 
+    use_reserve = False  # set by the log while it appends an overdraft batch (messages already acknowledged)
+
     def _check_room(self, nbytes: int, k: int) -> None:
-        check_shm_room(nbytes, f"segment {self.name(k)}")
+        if not self.use_reserve:
+            check_shm_room(nbytes, f"segment {self.name(k)}")
 
     def unlink(self, k: int) -> None:
         unlink_name(self.name(k))
@@ -513,7 +516,12 @@ class MessageLog(LogCounters):
         args = (src, offsets, lengths, timestamps, ids, not_before, n, out)
         status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         if status == NEED_SEGMENT:
-            self._ensure(lambda head: int(K.plan_batch(self.ctrl, head, lengths, n)), overdraft=overdraft)
+            memory = self._providers[TIER_MEM]
+            memory.use_reserve = overdraft  # acknowledged elsewhere: /dev/shm's safety reserve may take them
+            try:
+                self._ensure(lambda head: int(K.plan_batch(self.ctrl, head, lengths, n)), overdraft=overdraft)
+            finally:
+                memory.use_reserve = False
             w = self.window  # _ensure may have grown the window
             status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         return self._check(int(status), "append")

@@ -16,6 +16,7 @@ and so finds every segment exactly where its predecessor left it. Segments are c
 unlinks them at shutdown (``destroy``). Topic logs are created by their owner worker, which
 destroys them at clean shutdown.
 """
+import glob
 import os
 import socket
 
@@ -98,6 +99,8 @@ class Plan:
             seg.unlink()
         self.segments.clear()
         meta.remove_journals(self.data_path, self.prefix)
+        for path in glob.glob(os.path.join(glob.escape(self.data_path), glob.escape(self.prefix.strip("/")) + "fwd-*")):
+            os.unlink(path)  # large forwarded publishes a killed worker left (workers/worker.py _forward_file)
         # what a child that had to be killed at shutdown could not remove itself (its topic logs)
         for name in list_segments(self.prefix):
             unlink_name(name)

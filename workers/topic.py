@@ -118,7 +118,15 @@ class Topic:
         if defer_ms:
             not_before = np.full(n, now + defer_ms * 1_000_000, np.int64)
         try:
-            self._append(src, offsets, lengths, timestamps, ids, not_before)
+            try:
+                self._append(src, offsets, lengths, timestamps, ids, not_before)
+            except StorageError:
+                if not acknowledged:
+                    raise
+                # already answered OK by the worker that forwarded it: it may use /dev/shm's safety reserve (at
+                # most a ring's worth per sending worker arrives before they see the topic marked full); if even
+                # that fails, it waits in the ring (StorageError) and nothing behind it there is lost
+                self._append(src, offsets, lengths, timestamps, ids, not_before, overdraft=True)
         except LogFull:
             self.worker.refresh_low_water([self])
             try:

@@ -45,7 +45,9 @@ from workers.suspects import COUNT as SUSPECT_COUNT, DELIVERY as DELIVERY_SUSPEC
 from workers.timers import TimerBatches
 from workers.topic import StorageError, Topic
 
-FORWARD = 1
+FORWARD = 1          # ring record: a forwarded publish
+FORWARD_BY_FILE = 2  # ring record: the path of a file holding a forwarded publish too big for the ring
+LARGE_FORWARD = 4 << 20  # bytes: bigger forwarded publishes go by file (a ring record is at most half the ring)
 _FWD_HEAD = struct.Struct("<qqqq")  # forwarded publish: message count, timestamp ns, defer ms, topic name length
 FRAME_SCRATCH = 8 << 20
 SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
@@ -120,6 +122,7 @@ class Worker(Connections):
         self.suspect = self.control.suspect(index)
         self._fwd_k = 0                 # index of the forwarded record being appended, in its drain batch
         self._fwd_poison = None         # (link, index in its first batch): a forwarded record to set aside
+        self._fwd_files = 0             # large forwarded publishes written (file names)
         self._crash_on = self.opts.crash_on_body.encode()
         if restarted:
             self._recover()
@@ -184,15 +187,15 @@ class Worker(Connections):
         n = len(lengths)
         now = time.time_ns()
         owner = owner_of(topic, self.plan.workers)
-        if owner == self.index:
-            self._catch_up()
-            try:
+        try:
+            if owner == self.index:
+                self._catch_up()
                 ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
-            except StorageError as e:
-                raise error(f"{verb} failed {e}") from None
-            if not ok:
-                raise error(f"{verb} failed topic {topic} is full")
-        elif not self._forward(owner, topic, src, offsets, lengths, now, defer_ms):
+            else:
+                ok = self._forward(owner, topic, src, offsets, lengths, now, defer_ms)
+        except StorageError as e:
+            raise error(f"{verb} failed {e}") from None
+        if not ok:
             raise error(f"{verb} failed topic {topic} is full")
         s.count_pub(topic, n)
         self.pump.learn_topic(topic, owner)
@@ -201,12 +204,12 @@ class Worker(Connections):
         """The pump's lone PUBs of this iteration for one topic, as one batch (their OKs follow on success)."""
         now = time.time_ns()
         owner = owner_of(topic, self.plan.workers)
-        if owner == self.index:
-            try:
+        try:
+            if owner == self.index:
                 return self.get_topic(topic).append(buf, offsets, lengths, now)
-            except StorageError:
-                return False  # already logged; the pump answers E_PUB_FAILED
-        return self._forward(owner, topic, buf, offsets, lengths, now, 0)
+            return self._forward(owner, topic, buf, offsets, lengths, now, 0)
+        except StorageError:
+            return False  # already logged; the pump answers E_PUB_FAILED
 
     def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
         """Commit n messages (bodies src[offsets[i]:offsets[i]+lengths[i]]) to the owner's ring as one record;
@@ -225,20 +228,44 @@ class Worker(Connections):
         """Commit one record to the owner's ring; False when it stayed full for FORWARD_WAIT (the owner cannot
         append: a topic's budgets are used up), so the publish fails instead of the worker hanging."""
         ring = self.pub_out[owner]
+        rtype = FORWARD
+        if len(payload) > LARGE_FORWARD:
+            payload, rtype = self._forward_file(payload), FORWARD_BY_FILE
         deadline = None
-        while not ring.send(FORWARD, payload):
+        while not ring.send(rtype, payload):
             # the owner is behind: keep draining what others forward to us (so two full rings cannot
             # deadlock), nudge the owner, and wait for room
             now = time.monotonic()
             if deadline is None:
                 deadline = now + FORWARD_WAIT
             elif now > deadline:
+                if rtype == FORWARD_BY_FILE:
+                    os.unlink(bytes(payload).decode())
                 return False
             self._drain_pub_rings()
             self.links.wake(owner)
             ring.wait_for_room(len(payload), 0.001)
         self.links.wake(owner)
         return True
+
+    def _forward_file(self, payload):
+        """Write a forwarded publish too big for the ring to a file under the data path; -> its path, the ring
+        record. The owner appends from it and removes it; a file whose record was released is gone, so a
+        re-read after a crash finds no file and knows the publish was appended (at worst it appends twice)."""
+        self._fwd_files += 1
+        path = os.path.join(self.data_path, f"{self.plan.prefix.strip('/')}fwd-{self.index}-{os.getpid()}-"
+                                            f"{self._fwd_files}.bin")
+        try:
+            with open(path, "xb") as f:
+                f.write(memoryview(payload))
+        except OSError as e:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            self.storage_failed("a large publish cannot be forwarded", e)
+            raise StorageError(f"cannot forward a publish of {len(payload)} bytes: {e}") from None
+        return np.frombuffer(path.encode(), np.uint8)
 
     def _on_forwarded(self, rtype, payload):
         """Append one forwarded publish (already answered OK by the sender). False keeps it in the ring: the
@@ -249,10 +276,20 @@ class Worker(Connections):
                 return False
             self._fwd_blocked_until = 0.0
         self.suspect.w[self.suspect.base + SUSPECT_COUNT] = self._fwd_k
+        path = None
+        if rtype == FORWARD_BY_FILE:
+            path = bytes(payload).decode()
+            try:
+                payload = np.fromfile(path, np.uint8)
+            except FileNotFoundError:
+                self._fwd_k += 1
+                return True  # appended and removed before a crash kept the record from being released
         try:
             ok = self._append_forwarded(payload)
         except StorageError:
             ok = False
+        if ok and path is not None:
+            os.unlink(path)
         self._fwd_k += 1
         if not ok:
             self._fwd_blocked_until = time.monotonic() + FORWARD_RETRY
@@ -310,6 +347,14 @@ class Worker(Connections):
         """The first drain of the ring a poison record came from: set that record aside, append the others."""
         if self._fwd_k != self._fwd_poison[1]:
             return self._on_forwarded(rtype, payload)
+        if rtype == FORWARD_BY_FILE:
+            path = bytes(payload).decode()
+            try:
+                payload = np.fromfile(path, np.uint8)
+            except FileNotFoundError:
+                payload = np.frombuffer(_FWD_HEAD.pack(0, 0, 0, 0), np.uint8)
+            else:
+                os.unlink(path)
         n, ts, _, tl = _FWD_HEAD.unpack_from(payload)
         topic = bytes(payload[_FWD_HEAD.size:_FWD_HEAD.size + tl]).decode(errors="replace")
         path = quarantine_file(self.data_path, f"{topic}.forwarded.{ts}", bytes(payload))
