@@ -176,6 +176,7 @@ class Topic:
                 raise StorageError(f"channel {self.name}:{name} cannot be recorded: {e}") from None
             self.channels[name] = ch
             self.worker.channels_by_key[ch.key] = ch
+            self.worker.touched.add(self)
         return ch
 
     def delete_channel(self, name):
@@ -184,6 +185,7 @@ class Topic:
             return
         ch.deleted = True
         self.worker.channels_by_key.pop(ch.key, None)
+        self.worker.touched.add(self)
         ch.drop_all()
         for s in list(ch.consumers):
             s.channel = None
@@ -195,6 +197,8 @@ class Topic:
 
     def set_full(self, full):
         """Mark (or clear) this topic as full for the other workers: they refuse its publishes at once."""
+        if full:
+            self.worker.touched.add(self)  # the reclaim pass clears the mark once there is room
         if full != self.full:
             self.full = full
             self.worker.control.set_topic_full(self.worker.index, self.crc, full)

@@ -201,6 +201,7 @@ def run_example(nsqd, sc):
                 check_broker(nsqd)  # a worker that died by itself fails as such, not as a failed kill
                 _killed.update(kill_workers(nsqd))
                 consumer.may_close = True
+        consumer.drop()  # a fresh connection: the current one may have died with a killed worker unnoticed
         c = consumer.connect()
         c.send(C.pub(unique("sync"), b"sync"))
         while True:
