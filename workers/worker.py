@@ -281,14 +281,10 @@ class Worker(Connections):
                 return False
             self._fwd_blocked_until = 0.0
         self.suspect.w[self.suspect.base + SUSPECT_COUNT] = self._fwd_k
-        path = None
-        if rtype == FORWARD_BY_FILE:
-            path = bytes(payload).decode()
-            try:
-                payload = np.fromfile(path, np.uint8)
-            except FileNotFoundError:
-                self._fwd_k += 1
-                return True  # appended and removed before a crash kept the record from being released
+        path, payload = self._load_forwarded(rtype, payload)
+        if payload is None:
+            self._fwd_k += 1
+            return True  # appended and its file removed before a crash kept the record from being released
         try:
             ok = self._append_forwarded(payload)
         except StorageError:
@@ -300,6 +296,17 @@ class Worker(Connections):
             self._fwd_blocked_until = time.monotonic() + FORWARD_RETRY
             self.loop.call_later(FORWARD_RETRY, _nothing)  # wakes the loop to try again
         return ok
+
+    @staticmethod
+    def _load_forwarded(rtype, payload):
+        """-> (path of its file or None, the publish's bytes; None when the file is gone: already appended)."""
+        if rtype != FORWARD_BY_FILE:
+            return None, payload
+        path = bytes(payload).decode()
+        try:
+            return path, np.fromfile(path, np.uint8)
+        except FileNotFoundError:
+            return path, None
 
     def _append_forwarded(self, payload):
         n, ts, defer_ms, tl = _FWD_HEAD.unpack_from(payload)
@@ -352,14 +359,11 @@ class Worker(Connections):
         """The first drain of the ring a poison record came from: set that record aside, append the others."""
         if self._fwd_k != self._fwd_poison[1]:
             return self._on_forwarded(rtype, payload)
-        if rtype == FORWARD_BY_FILE:
-            path = bytes(payload).decode()
-            try:
-                payload = np.fromfile(path, np.uint8)
-            except FileNotFoundError:
-                payload = np.frombuffer(_FWD_HEAD.pack(0, 0, 0, 0), np.uint8)
-            else:
-                os.unlink(path)
+        path, payload = self._load_forwarded(rtype, payload)
+        if payload is None:
+            payload = np.frombuffer(_FWD_HEAD.pack(0, 0, 0, 0), np.uint8)
+        elif path is not None:
+            os.unlink(path)
         n, ts, _, tl = _FWD_HEAD.unpack_from(payload)
         topic = bytes(payload[_FWD_HEAD.size:_FWD_HEAD.size + tl]).decode(errors="replace")
         path = quarantine_file(self.data_path, f"{topic}.forwarded.{ts}", bytes(payload))
@@ -430,13 +434,15 @@ class Worker(Connections):
     def write_frames(self, s, log, positions, attempts):
         """Frame the records at positions into s's output. A round is at most MAX_ROUND_BYTES of frames, unless
         one message is bigger: then it comes alone and gets a buffer of its own size."""
-        out = self._scratch
-        need = int(log.records_at(positions).lengths[:len(positions)].sum()) + FRAME_OVERHEAD * len(positions)
-        if need > out.size:
-            out = np.empty(need, np.uint8)
         if self._crash_on:
             self._fault_injection(log, positions)
-        end = log.write_frames(out, 0, positions, attempts)
+        out = self._scratch
+        try:
+            end = log.write_frames(out, 0, positions, attempts)
+        except ValueError:  # bigger than the scratch buffer: only a single big message can be (rare path)
+            need = int(log.records_at(positions).lengths[:len(positions)].sum()) + FRAME_OVERHEAD * len(positions)
+            out = np.empty(need, np.uint8)
+            end = log.write_frames(out, 0, positions, attempts)
         s.write(memoryview(out)[:end])
 
     def _fault_injection(self, log, positions):
