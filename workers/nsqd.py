@@ -2,15 +2,19 @@
 
     nsqd --tcp-address=127.0.0.1:4150 --data-path=/var/lib/nsqd --workers=2
 
-Builds the options (flags > --config TOML > defaults), creates the shared resources (``workers.plan``), binds the
-listener, forks the acceptor, the workers and the scanner under the supervisor, and prints NSQ's start-up lines
-once every child reported ready, so that the "listening on" line means connections are served.
+Builds the options (flags > --config TOML > defaults), checks them against what nsqpy implements
+(``nsqpy.config.support``: a refused security flag such as --tls-cert or --auth-http-address is one FATAL line
+and exit code 1 before anything is created; an accepted flag without effect is one WARNING line), creates the
+shared resources (``workers.plan``), binds the listener, forks the acceptor, the workers and the scanner under
+the supervisor, and prints NSQ's start-up lines once every child reported ready, so that the "listening on" line
+means connections are served.
 """
 import platform
 import sys
 import time
 
 from nsqpy.config import NsqdOptions
+from nsqpy.config.support import check_support
 from nsqpy.log import Logger
 from workers.acceptor import acceptor_main
 from workers.plan import Plan
@@ -46,10 +50,19 @@ def main(argv=None):
         print(version_string())
         return 0
     log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    support = check_support(opts)  # before anything is created: a refused flag leaves nothing behind
+    for line in support.refusals:
+        log.fatal(line)
+    if support.refusals:
+        return 1
     sup = Supervisor(log)
     sup.trap_stop_signals()
     log.info(version_string())
     log.info(f"ID: {opts.node_id}")
+    for line in support.warnings:
+        log.warn(line)
+    for line in support.notes:
+        log.info(line)
     per_worker = topics_per_worker()
     if per_worker is not None and per_worker < 100_000:
         log.info(f"vm.max_map_count allows about {per_worker} topics per worker ({per_worker * max(1, opts.workers)} "
@@ -61,7 +74,7 @@ def main(argv=None):
         log.debug(f"kernels ready in {time.monotonic() - t0:.2f}s")
         plan.create()
         host, port = plan.bind()
-    except OSError as e:
+    except (OSError, ValueError) as e:  # ValueError: a --tcp-address whose port is not a number
         log.fatal(f"failed to start: {e}")
         plan.destroy()
         return 1

@@ -15,6 +15,7 @@ import zlib
 
 from .kinds import Bool, Choice, Str
 from .options import Options, option
+from .support import Deprecated
 
 
 class LogLevel(enum.IntEnum):
@@ -70,4 +71,5 @@ class DaemonOptions(Options):
     version: bool = option(Bool(), False, "print the version and exit", from_file=False, reported=False)
     log_level: LogLevel = option(LOG_LEVEL, LogLevel.INFO, "log verbosity: debug, info, warn, error or fatal")
     log_prefix: str = option(Str(), "", "prefix for every log line")
-    verbose: bool = option(Bool(), False, "[deprecated] no effect; use --log-level")
+    verbose: bool = option(Bool(), False, "[deprecated] no effect; use --log-level",
+                           support=Deprecated("--log-level"))

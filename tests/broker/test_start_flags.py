@@ -1,0 +1,52 @@
+"""The real ``nsqd`` with flags nsqpy does not implement (nsqpy/config/support.py): a security flag is refused
+with one FATAL line and exit code 1 before anything is created; an accepted flag without effect costs one
+WARNING line, and the broker serves as usual."""
+import os
+import subprocess
+import sys
+
+import pytest
+
+from ipc.shm import instance_prefix
+from wire import consumer, producer, unique
+
+NODE_ID = 7
+
+
+def shm_of(data_path):
+    prefix = instance_prefix(str(data_path), NODE_ID).lstrip("/")
+    return [e for e in os.listdir("/dev/shm") if e.startswith(prefix)]
+
+
+@pytest.mark.parametrize("flags, refused", [
+    (["--tls-cert=/nonexistent/cert.pem", "--tls-key=/nonexistent/key.pem"],
+     "FATAL: flags --tls-cert, --tls-key are not supported yet: nsqpy has no TLS yet, so nsqd refuses to start "
+     "rather than serve clients in clear text"),
+    (["--auth-http-address=127.0.0.1:4181"],
+     "FATAL: flag --auth-http-address is not supported yet: nsqpy has no authorization yet, so nsqd refuses to "
+     "start rather than serve every client without AUTH"),
+], ids=["tls", "auth"])
+def test_a_security_flag_is_refused_before_anything_is_created(tmp_path, flags, refused):
+    data = tmp_path / "data"
+    data.mkdir()
+    run = subprocess.run([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", f"--data-path={data}",
+                          "--workers=1", f"--node-id={NODE_ID}", *flags],
+                         capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONUNBUFFERED="1"))
+    assert run.returncode == 1, run
+    assert run.stdout == ""
+    lines = run.stderr.splitlines()
+    assert len(lines) == 1 and lines[0].startswith("[nsqd] ") and lines[0].endswith(refused), run.stderr
+    assert list(data.iterdir()) == [] and shm_of(data) == []
+
+
+def test_an_unused_flag_is_one_warning_and_the_broker_serves(nsqd_factory):
+    nsqd = nsqd_factory("--statsd-address=127.0.0.1:8125")
+    warnings = [line for line in nsqd.lines if "WARNING:" in line]
+    assert len(warnings) == 1 and warnings[0].endswith(
+        "WARNING: flag --statsd-address is accepted for compatibility but not used yet: no stats are pushed to "
+        "statsd"), warnings
+    assert sum("INFO: the HTTP API is not served yet" in line for line in nsqd.lines) == 1
+    topic = unique()
+    with consumer(nsqd.address, topic, "ch", rdy=1) as c:
+        producer(nsqd.address, topic, b"served")
+        assert c.read_message().body == b"served"
