@@ -134,7 +134,7 @@ def test_req_0_redelivers_at_once_and_attempts_count_up(addr):
     with c:
         for attempt in (2, 3, 4):
             c.send(C.req(m.id, 0))
-            m2 = c.read_message(timeout=2)
+            m2 = c.read_message()
             assert (m2.id, m2.body, m2.timestamp, m2.attempts) == (m.id, m.body, m.timestamp, attempt)
         c.send(C.fin(m.id))
 
@@ -152,7 +152,7 @@ def test_dpub_0_delivers_at_once(addr):
     with consumer(addr, topic, "ch", rdy=1) as c, Conn(addr) as p:
         p.send(C.dpub(topic, 0, b"now"))
         p.expect_response()
-        m = c.read_message(timeout=1)
+        m = c.read_message()
         assert (m.body, m.attempts) == (b"now", 1)
 
 
@@ -163,8 +163,8 @@ def test_disconnecting_consumer_in_flight_messages_go_to_another_at_once(addr):
         second.expect_no_frame(0.2)
         t0 = time.monotonic()
         first.close()
-        back = second.read_messages(3, timeout=2)  # the 60 s msg_timeout is not waited for
-        assert time.monotonic() - t0 < 2
+        back = second.read_messages(3, timeout=30)  # the 60 s msg_timeout is not waited for
+        assert time.monotonic() - t0 < 30
         assert sorted((m.id, m.body, m.attempts) for m in back) == sorted((m.id, m.body, 2) for m in held)
 
 
@@ -190,7 +190,7 @@ def test_sample_rate_delivers_about_that_share(addr):
             for _ in range(4):
                 p.expect_response()
         full.read_messages(400)  # the unsampled channel has seen them all, so the sampled one has too
-        got = c.read_until_quiet(0.5)
+        got = c.read_until_settled()
         assert {t for t, _ in got} <= {2}
     # dropped for this channel, not redelivered: P(outside 120..280 | p=0.51, n=400) is below 1e-12
     assert 120 <= len(got) <= 280, len(got)
@@ -222,12 +222,12 @@ def test_ephemeral_channel_is_kept_while_it_has_consumers(addr):
 
 def test_buffered_message_frames_go_out_when_nothing_more_is_queued(addr):
     """Spec 1.1 flushing: message frames wait in the output buffer at most until nothing more is queued (or the
-    client stops being ready, or the buffer's timer fires). With a 5 s output_buffer_timeout, a 64 KiB buffer and
+    client stops being ready, or the buffer's timer fires). With a 25 s output_buffer_timeout, a 64 KiB buffer and
     RDY 100, one message still arrives long before the timer: it was all there was."""
     topic = unique()
-    c = consumer(addr, topic, "ch", rdy=100, output_buffer_timeout=5000, output_buffer_size=65536)
+    c = consumer(addr, topic, "ch", rdy=100, output_buffer_timeout=25000, output_buffer_size=65536)
     with c:
         t0 = time.monotonic()
         producer(addr, topic, b"alone")
-        assert c.read_message(timeout=4.0).body == b"alone"
-        assert time.monotonic() - t0 < 4.0
+        assert c.read_message(timeout=20.0).body == b"alone"
+        assert time.monotonic() - t0 < 20.0

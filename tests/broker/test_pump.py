@@ -192,7 +192,7 @@ def test_a_full_topic_does_not_hold_up_other_topics(nsqd_factory):
         with p:
             t0 = time.monotonic()
             p.publish(b, *[b"%d-%d" % (i, k) for k in range(20)])
-            assert time.monotonic() - t0 < 5.0
+            assert time.monotonic() - t0 < 15.0  # generous: waiting for topic a to drain would be forever here
     with consumer(nsqd.address, b, "ch", rdy=100) as c:
         assert sorted(m.body for m in c.read_messages(40)) == sorted(b"%d-%d" % (i, k) for i in range(2)
                                                                       for k in range(20))

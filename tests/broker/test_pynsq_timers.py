@@ -67,6 +67,7 @@ def test_msg_timeout_redelivers_and_touch_keeps_a_message_alive(loop):
     r = loop.reader("timeouts", "c", handle, max_in_flight=10, msg_timeout=1, output_buffer_timeout=25)
     loop.subscribed(r)
     w = loop.writer()
+    t_published = time.monotonic()  # the first delivery of "hold" came after this
     loop.publish(w, "mpub", "timeouts", [b"hold", b"touch"])
     loop.published(1)
     loop.run_until(lambda: len(deliveries.get(b"hold", ())) == 2 and held["hold"].body  # redelivered
@@ -76,7 +77,9 @@ def test_msg_timeout_redelivers_and_touch_keeps_a_message_alive(loop):
     assert [a for a, _ in deliveries[b"touch"]] == [1]
     (a1, t1), (a2, t2) = deliveries[b"hold"]
     assert (a1, a2) == (1, 2)
-    assert t2 - t1 >= 1.0 - 0.025, t2 - t1
+    # the broker delivered "hold" before this client saw it (t1), later by however long a loaded machine took; the
+    # publish came before that delivery, so the timeout is bounded from below from there, whatever the lag
+    assert t2 - t_published >= 1.0, (t2 - t_published, t2 - t1)
     # FIN for the first delivery of "hold", whose second delivery is finished already: E_FIN_FAILED, not fatal.
     [conn] = r.conns.values()
     held["hold"].finish()

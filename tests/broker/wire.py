@@ -4,6 +4,8 @@ Every wait has a deadline and waits on the socket itself (a frame arriving, or t
 sleep. ``_heartbeat_`` frames may arrive at any time, so the readers skip them (and count them) unless asked.
 Asserting that something does *not* arrive (``expect_no_frame``) necessarily waits for a window; tests first
 send a command whose reply orders the stream where they can, and use the window only for what must stay absent.
+Every window ends with a sync point (``sync``): a PUB whose OK must be the next frame, so a frame the broker
+owed before it cannot slip past a window that a slow (loaded) broker let pass before it got to work.
 """
 from __future__ import annotations
 
@@ -25,6 +27,7 @@ FATAL_CODES = {"E_BAD_PROTOCOL", "E_INVALID", "E_BAD_BODY", "E_BAD_TOPIC", "E_BA
                "E_AUTH_DISABLED", "E_AUTH_FAILED", "E_AUTH_FIRST", "E_UNAUTHORIZED", "E_AUTH_ERROR"}
 NON_FATAL_CODES = {"E_FIN_FAILED", "E_REQ_FAILED", "E_TOUCH_FAILED"}
 _names = itertools.count()
+SYNC_TOPIC = f"sync{os.getpid()}"  # sync points publish here; no test subscribes to it
 
 
 def unique(prefix="t"):
@@ -144,8 +147,36 @@ class Conn:
         frame = self.next_frame(timeout)
         assert frame is None, f"expected the connection to be closed, got {frame!r:.300}"
 
+    def sync(self, timeout=DEADLINE):
+        """A sync point: a PUB (answered in every state) whose OK must be the next frame, heartbeats aside. The
+        broker answers a connection's commands in order, so everything it had sent before it processed the PUB
+        has arrived, and was nothing."""
+        self.send(C.pub(SYNC_TOPIC, b"sync"))
+        self.expect_response(b"OK", timeout)
+
+    def frames_before_sync(self, timeout=DEADLINE):
+        """Send a sync point's PUB; return the frames (heartbeats skipped) that came before its OK."""
+        self.send(C.pub(SYNC_TOPIC, b"sync"))
+        out = []
+        while (frame := self.expect_frame(timeout)) != (FRAME_RESPONSE, b"OK"):
+            out.append(frame)
+        return out
+
+    def read_until_settled(self, timeout=DEADLINE):
+        """Every frame (heartbeats skipped) until two sync points in a row found nothing new. A reply may go out
+        ahead of the deliveries of the loop iteration that processed its command, so one empty round trip proves
+        little; the second covers at least one whole iteration, deliveries included, that had nothing more for
+        this connection. No sleeping: a slow broker only makes it take longer."""
+        out, empty = [], 0
+        while empty < 2:
+            more = self.frames_before_sync(timeout)
+            out += more
+            empty = 0 if more else empty + 1
+        return out
+
     def expect_no_frame(self, within=0.3):
-        """Nothing but heartbeats arrives within the window and the connection stays open."""
+        """Nothing but heartbeats arrives within the window, nor before the sync point that ends it, and the
+        connection stays open."""
         deadline = time.monotonic() + within
         while time.monotonic() < deadline:
             if self.frames:
@@ -158,6 +189,7 @@ class Conn:
             assert not self.eof, "expected the connection to stay open"
             self._fill(deadline)
         assert not self.frames and not self.eof, f"expected nothing, got {self.frames[:3]!r:.300} eof={self.eof}"
+        self.sync()
 
     def read_until_closed(self, timeout=DEADLINE):
         """Every frame (heartbeats included) until the broker closes the connection."""
