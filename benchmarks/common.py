@@ -208,3 +208,15 @@ def cli(main) -> None:
         log(f"error: {err}")
         code = 2
     sys.exit(code)
+
+
+def settled(measure, quiet: float):
+    """measure() once it returns the same value twice, `quiet` seconds apart (e.g. /dev/shm bytes while forwarded
+    topics are still being created by their owners after the publishes were answered)."""
+    last = measure()
+    while True:
+        time.sleep(quiet)
+        now = measure()
+        if now == last:
+            return now
+        last = now

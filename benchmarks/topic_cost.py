@@ -16,7 +16,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import emit, environment
+from benchmarks.common import emit, environment, settled as common_settled
 from benchmarks.process import REPO, ListeningProcess, python_module
 from ipc.shm import instance_prefix
 from nsqpy.protocol import client as C
@@ -34,13 +34,7 @@ def shm_bytes(prefix):
 def settled(prefix, quiet=0.5):
     """/dev/shm bytes once they stopped changing: a PUB forwarded to another worker is answered OK before that
     owner creates the topic, so the last topics may still be on their way when the replies are in."""
-    last = shm_bytes(prefix)
-    while True:
-        time.sleep(quiet)
-        now = shm_bytes(prefix)
-        if now == last:
-            return now
-        last = now
+    return common_settled(lambda: shm_bytes(prefix), quiet)
 
 
 def fds(pids):

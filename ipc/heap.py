@@ -22,6 +22,19 @@ of an operation can leave one entry duplicated or missing, so the heap is derive
 (ipc/inflight.py) holds every deadline and is the source of truth a restarted scanner rebuilds from (``clear`` and
 push, or write the arrays and ``rebuild``).
 
+Lazy pages (``create(..., reserve=, initial=)``, for heaps in a sparse /dev/shm segment): only the first RESERVED
+entries of each array are backed and initialised, and the views the kernels get (``keys``, ``vals``, ``pos``)
+end there, so a kernel never touches an unreserved page (SIGBUS on a full tmpfs). With fewer handles than
+RESERVED, no handle past it can be pushed, and the heap never holds more entries than handles, so keys and vals
+need no more either. The heap's writer grows it when it meets a handle past its views (``grow``: reserve the
+pages, set the new pos entries to -1, publish RESERVED with a store-release, view the new entries), so the
+memory and the reservation word keep one writer. Another process may back pages ahead of it
+(``reserve_pages``: posix_fallocate only, nothing written): in the broker a worker's timer batches (the
+handles) never outnumber its in-flight slots, so the worker's in-flight table backs its heap's pages whenever
+it grows itself (``ipc.inflight``'s ``grow_hook``), and the scanner's later ``grow`` then finds them backed even
+on a full /dev/shm (reserving pages that are already backed needs no space). A crash in a growth before the
+publication only makes the next one redo it.
+
 Layout (all words int64, little-endian, at a caller-given offset that is a multiple of 8; the header line is
 ipc/layout.py's)::
 
@@ -30,31 +43,35 @@ ipc/layout.py's)::
     +128  +---------------------------------------------------------------+
           | count (entries now)                                           |  control line: the kernels' `ctl`
     +256  +---------------------------------------------------------------+
+          | reserved (entries backed in each array)                       |  reservation line (the grower)
+    +384  +---------------------------------------------------------------+
           | keys[capacity]                                                |  keys[0] is the minimum
           +---------------------------------------------------------------+
           | handles[capacity]                                             |  handles[i] belongs to keys[i]
           +---------------------------------------------------------------+
           | pos[n_handles]                                                |  index of a handle, or -1
           +---------------------------------------------------------------+
-    +256 + 16*capacity + 8*n_handles
+    +384 + 16*capacity + 8*n_handles
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from ipc.atomics import py_load_acquire, py_store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
 __all__ = [
-    "TimerHeap", "HeapFull", "HEAP_MAGIC", "HEAP_VERSION", "C_COUNT", "heap_nbytes",
+    "TimerHeap", "HeapFull", "HEAP_MAGIC", "HEAP_VERSION", "C_COUNT", "heap_nbytes", "heap_reserved_ranges",
     "OK", "ST_EMPTY", "ST_FULL", "ST_BAD_HANDLE", "ST_PRESENT", "ST_ABSENT", "ST_CORRUPT",
     "heap_push", "heap_peek", "heap_pop", "heap_remove", "heap_update", "heap_peek_and_shift",
     "heap_clear", "heap_rebuild", "heap_check",
 ]
 
 HEAP_MAGIC = magic("NSQTHEAP")
-HEAP_VERSION = 1
+HEAP_VERSION = 2
 C_COUNT = 0  # control-line word: the number of entries
+R_RESERVED = LINE_WORDS  # word of the reservation line (counted from the control line): entries backed
 
 OK = 0
 ST_EMPTY = -1        # pop/peek on an empty heap
@@ -66,7 +83,15 @@ ST_CORRUPT = -6      # heap_check found a broken invariant
 
 
 def heap_nbytes(capacity: int, n_handles: int) -> int:
-    return 2 * LINE + 8 * (2 * capacity + n_handles)
+    return 3 * LINE + 8 * (2 * capacity + n_handles)
+
+
+def heap_reserved_ranges(capacity: int, n_handles: int, reserved: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) of a heap that are backed with ``reserved`` entries, relative to the heap."""
+    arrays = 3 * LINE
+    return [(0, arrays), (arrays, arrays + 8 * min(reserved, capacity)),
+            (arrays + 8 * capacity, arrays + 8 * (capacity + min(reserved, capacity))),
+            (arrays + 16 * capacity, arrays + 8 * (2 * capacity + min(reserved, n_handles)))]
 
 
 # ---------------------------------------------------------------------------------------------------- kernels
@@ -262,52 +287,107 @@ class HeapFull(Exception):
 class TimerHeap:
     """A min-heap of (deadline ns, handle) living in `buf` at `offset` (shared memory, an mmap, a bytearray).
 
+    ``keys``, ``vals`` and ``pos`` are views of the reserved entries (module docstring: lazy pages), replaced by
+    ``refresh`` and ``grow``. ``reserve(offset, nbytes)`` backs bytes of `buf` (``ipc.shm.Segment.reserver()``;
+    None: all of `buf` is backed).
+
     Resource handling: the object holds numpy views of `buf` and never frees it; the owner of the buffer closes
     it after dropping the heap. Error handling: status codes from the kernels become exceptions here (HeapFull,
     KeyError for an absent handle, ValueError for a handle out of range or already present).
     """
 
-    __slots__ = ("ctl", "keys", "vals", "pos", "capacity", "n_handles")
+    __slots__ = ("ctl", "keys", "vals", "pos", "capacity", "n_handles", "_rline", "_all_keys", "_all_vals",
+                 "_all_pos", "_offset", "_reserve")
 
-    def __init__(self, buf, offset: int = 0):
+    def __init__(self, buf, offset: int = 0, reserve=None):
         """Attach to an initialised heap; LayoutError unless magic, version and size match and `buf` holds it."""
         hdr = words(buf, offset, HEADER_WORDS, "timer heap")
         size, capacity, n_handles = check_header(hdr, HEAP_MAGIC, HEAP_VERSION, what="timer heap")[:3]
         if size != heap_nbytes(capacity, n_handles):
             raise LayoutError(f"timer heap: size {size} does not match capacity {capacity}, {n_handles} handles")
         whole = words(buf, offset, size // 8, "timer heap")
-        arrays = whole[2 * LINE_WORDS:]
+        arrays = whole[3 * LINE_WORDS:]
         self.ctl = whole[LINE_WORDS:2 * LINE_WORDS]
-        self.keys = arrays[:capacity]
-        self.vals = arrays[capacity:2 * capacity]
-        self.pos = arrays[2 * capacity:]
+        self._rline = whole[2 * LINE_WORDS:3 * LINE_WORDS]
+        self._all_keys = arrays[:capacity]
+        self._all_vals = arrays[capacity:2 * capacity]
+        self._all_pos = arrays[2 * capacity:]
         self.capacity, self.n_handles = capacity, n_handles
+        self._offset = offset
+        self._reserve = reserve
+        self.refresh()
 
     @classmethod
-    def create(cls, buf, offset: int, capacity: int, n_handles: int) -> TimerHeap:
-        """Initialise an empty heap in `buf` (overwriting what is there) and attach to it."""
+    def create(cls, buf, offset: int, capacity: int, n_handles: int, reserve=None,
+               initial: int | None = None) -> TimerHeap:
+        """Initialise an empty heap in `buf` (overwriting what is there) and attach to it. With ``initial`` only
+        that many entries are reserved at first (``reserve`` backs their pages); None: all."""
         if capacity < 1 or n_handles < 1:
             raise ValueError("capacity and n_handles must be >= 1")
         size = heap_nbytes(capacity, n_handles)
         whole = words(buf, offset, size // 8, "timer heap")
-        whole[HEADER_WORDS:] = 0
-        whole[size // 8 - n_handles:] = -1  # pos[]: no handle present
+        if reserve is not None:
+            reserve(offset, 3 * LINE)
+        whole[HEADER_WORDS:3 * LINE_WORDS] = 0
         stamp_header(whole[:HEADER_WORDS], HEAP_MAGIC, HEAP_VERSION, size, (capacity, n_handles))
-        return cls(buf, offset)
+        heap = cls(buf, offset, reserve)
+        heap.grow(max(capacity, n_handles) if initial is None else initial)
+        return heap
+
+    @property
+    def reserved(self) -> int:
+        """Entries backed in each array, as published."""
+        return int(py_load_acquire(self._rline, 0))
+
+    def refresh(self) -> int:
+        """Views up to the published reservation; -> the handles usable now."""
+        r = self.reserved
+        self.keys = self._all_keys[:min(r, self.capacity)]
+        self.vals = self._all_vals[:min(r, self.capacity)]
+        self.pos = self._all_pos[:min(r, self.n_handles)]
+        return self.pos.shape[0]
+
+    def reserve_pages(self, n: int, old: int | None = None) -> None:
+        """(Any process) back the pages of the first n entries of every array (from entry ``old``, default the
+        published reservation); writes nothing. Raises OSError (SegmentError) when they cannot be reserved."""
+        old = self.reserved if old is None else old
+        if self._reserve is None or n <= old:
+            return
+        base = self._offset + 3 * LINE
+        for start, length in ((0, self.capacity), (8 * self.capacity, self.capacity),
+                              (16 * self.capacity, self.n_handles)):
+            lo, hi = min(old, length), min(n, length)
+            if hi > lo:
+                self._reserve(base + start + 8 * lo, 8 * (hi - lo))
+
+    def grow(self, n: int) -> None:
+        """(The heap's writer) make the first n entries usable: back their pages, mark the new handles absent,
+        publish, view them (module docstring). Raises OSError (SegmentError) when they cannot be reserved."""
+        old = self.reserved
+        n = min(n, max(self.capacity, self.n_handles))
+        if n <= old:
+            self.refresh()
+            return
+        self.reserve_pages(n, old)
+        self._all_pos[min(old, self.n_handles):min(n, self.n_handles)] = -1  # no handle present
+        py_store_release(self._rline, 0, n)
+        self.refresh()
 
     def __len__(self) -> int:
         return int(self.ctl[C_COUNT])
 
     def __contains__(self, handle: int) -> bool:
-        return 0 <= handle < self.n_handles and self.pos[handle] >= 0
+        return 0 <= handle < self.pos.shape[0] and self.pos[handle] >= 0
 
     def key_of(self, handle: int) -> int:
-        i = self.pos[handle] if 0 <= handle < self.n_handles else -1
+        i = self.pos[handle] if 0 <= handle < self.pos.shape[0] else -1
         if i < 0:
             raise KeyError(handle)
         return int(self.keys[i])
 
     def push(self, key: int, handle: int) -> None:
+        if handle >= self.pos.shape[0]:
+            self.refresh()
         self._raise(heap_push(self.ctl, self.keys, self.vals, self.pos, key, handle), handle)
 
     def peek(self) -> tuple[int, int] | None:
@@ -333,13 +413,16 @@ class TimerHeap:
         return heap_peek_and_shift(self.ctl, self.keys, self.vals, self.pos, deadline, out_handles, out_keys)
 
     def clear(self) -> None:
+        """Empty the heap (a restarted scanner: its inherited views may predate growths, so refresh first)."""
+        self.refresh()
         heap_clear(self.ctl, self.vals, self.pos)
 
     def rebuild(self, keys: np.ndarray, handles: np.ndarray) -> None:
         """Replace the content with the given pairs in O(n) (a restarted scanner reloading its timers)."""
+        self.refresh()
         n = len(keys)
-        if n != len(handles) or n > self.capacity:
-            raise HeapFull(f"{n} entries for a heap of capacity {self.capacity}")
+        if n != len(handles) or n > self.keys.shape[0]:
+            raise HeapFull(f"{n} entries for a heap of capacity {self.capacity} ({self.keys.shape[0]} reserved)")
         self.keys[:n], self.vals[:n] = keys, handles
         self.ctl[C_COUNT] = n
         st = heap_rebuild(self.ctl, self.keys, self.vals, self.pos)
@@ -360,4 +443,4 @@ class TimerHeap:
             raise KeyError(handle)
         if st == ST_PRESENT:
             raise ValueError(f"handle {handle} is already in the heap")
-        raise ValueError(f"handle {handle} outside [0, {self.n_handles})")
+        raise ValueError(f"handle {handle} outside [0, {self.pos.shape[0]}) (of {self.n_handles})")

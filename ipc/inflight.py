@@ -29,13 +29,28 @@ stale or half-updated after a SIGKILL, so a process that attaches to a table who
 ``recover()`` first: it rebuilds all three from the tags and lists every slot that is not FREE, for the new
 process to requeue (at worst a duplicate delivery, never a loss).
 
+Lazy pages (``create(..., reserve=, initial=)``, for a table in a sparse /dev/shm segment). An idle table should
+cost little, and touching an unreserved page of a full tmpfs is SIGBUS, so only the first RESERVED slots and the
+first INDEX_LEN index entries are backed and ever touched: the kernels get views of exactly those (``slots``,
+``index``). The free list holds reserved slots only, so ``start_batch`` finding it empty means "full" to the
+kernel; the wrapper then grows the table (``_grow``: at least doubling, up to the capacity): it reserves the
+new slots' pages and a larger index (INDEX_LEN stays the power of two >= 2 x RESERVED), calls ``grow_hook``
+(the worker's timer heap gets pages for as many handles, ``ipc.heap``), publishes INDEX_LEN, then RESERVED (each with a
+store-release, in that order, so INDEX_LEN is always enough for RESERVED), rebuilds free list (ascending, so
+slots are handed out from the low end), count and index over the new views, and retries the refused entries.
+ST_FULL thus reaches the caller only at the configured capacity, or when /dev/shm cannot back more (not asked
+again for ``GROW_RETRY``). New slots are zero pages: FREE, generation 0. A SIGKILL anywhere in a growth leaves
+RESERVED either old (the new pages are reserved again next time) or new (their slots are FREE); ``recover()``
+re-reads both words, so a replacement whose inherited views predate its predecessor's growth sees every slot.
+``set_log_pos`` moves a held message (its body copied forward in the log) with one store of LOG_POS.
+
 Layout (int64 words at a caller-given 8-aligned offset; message ids are uint64 stored bit for bit; the header
 line is ipc/layout.py's)::
 
     +0     +--------------------------------------------------------------------+
            | magic "NSQINFLT" | version | size in bytes | capacity | index_capacity |  header line
     +128   +--------------------------------------------------------------------+
-           | free_head | n_live                                                 |  control line (`ctl`)
+           | free_head | n_live | reserved slots | index length in use             |  control line (`ctl`)
     +256   +--------------------------------------------------------------------+
            | slot 0, 16 words: TAG TOPIC CHANNEL MSG_ID LOG_POS NEXT_FREE           |
            |                   CONN ATTEMPTS DELIVERED DEADLINE   (half 0)          |
@@ -48,16 +63,18 @@ line is ipc/layout.py's)::
 """
 from __future__ import annotations
 
+import time
 from typing import NamedTuple
 
 import numpy as np
 from numba import njit
 
-from ipc.atomics import store_release
+from ipc.atomics import py_load_acquire, py_store_release, store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
 __all__ = [
-    "InFlightTable", "SlotInfo", "inflight_nbytes", "INFLIGHT_MAGIC", "INFLIGHT_VERSION", "C_FREE_HEAD", "C_N_LIVE",
+    "InFlightTable", "SlotInfo", "inflight_nbytes", "inflight_reserved_ranges", "INFLIGHT_MAGIC", "INFLIGHT_VERSION",
+    "C_FREE_HEAD", "C_N_LIVE", "C_RESERVED", "C_INDEX_LEN", "GROW_MIN", "GROW_RETRY",
     "FREE", "IN_FLIGHT", "REQUEUED", "DEFERRED", "STATE_NAMES",
     "SLOT_WORDS", "HALF_WORDS", "S_TAG", "S_TOPIC", "S_CHANNEL", "S_MSG_ID", "S_LOG_POS", "S_NEXT_FREE", "S_HALF0",
     "S_HASH", "F_CONN", "F_ATTEMPTS", "F_DELIVERED", "F_DEADLINE",
@@ -67,9 +84,11 @@ __all__ = [
 ]
 
 INFLIGHT_MAGIC = magic("NSQINFLT")
-INFLIGHT_VERSION = 1
+INFLIGHT_VERSION = 2
 
-C_FREE_HEAD, C_N_LIVE = 0, 1  # control-line words
+C_FREE_HEAD, C_N_LIVE, C_RESERVED, C_INDEX_LEN = 0, 1, 2, 3  # control-line words
+GROW_MIN = 1024      # slots: the least a lazily reserved table grows to
+GROW_RETRY = 0.1     # seconds after a failed reservation before start_batch tries to grow again
 # slot words (public: bulk readers in the owning worker, e.g. workers/kernels.py, index slots with these)
 SLOT_WORDS = 16
 S_TAG, S_TOPIC, S_CHANNEL, S_MSG_ID, S_LOG_POS, S_NEXT_FREE, S_HALF0, S_HASH = 0, 1, 2, 3, 4, 5, 6, 14
@@ -96,6 +115,13 @@ _S33 = np.uint64(33)
 
 def inflight_nbytes(capacity: int) -> int:
     return 2 * LINE + 8 * (SLOT_WORDS * capacity + _index_capacity(capacity))
+
+
+def inflight_reserved_ranges(capacity: int, reserved: int) -> list[tuple[int, int]]:
+    """Byte ranges [start, end) of a table of ``capacity`` slots that are backed when ``reserved`` slots are
+    (header, control line and those slots; the index in use), relative to the table."""
+    index_at = 2 * LINE + 8 * SLOT_WORDS * capacity
+    return [(0, 2 * LINE + 8 * SLOT_WORDS * reserved), (index_at, index_at + 8 * _index_capacity(reserved))]
 
 
 def _index_capacity(capacity: int) -> int:
@@ -406,13 +432,20 @@ class InFlightTable:
     worker maps them to NSQ errors (ST_NOT_FOUND / ST_BAD_STATE / ST_NOT_OWNER -> E_FIN_FAILED and friends).
     Single-slot calls return the status code. Only misuse raises (ValueError).
 
+    ``slots`` and ``index`` are views of the reserved part only (module docstring: lazy pages); they are
+    replaced when the table grows, so read them from the table each time rather than keeping them.
+    ``reserve(offset, nbytes)`` backs bytes of `buf` (``ipc.shm.Segment.reserver()``; None: all of `buf` is
+    backed) and ``grow_hook(slots)`` is called before a growth to `slots` is published (it raises OSError to
+    refuse it).
+
     Resource handling: holds numpy views of `buf` and never frees it; the buffer's owner closes it after dropping
     the table. After attaching to a table whose writer may have died, call ``recover()`` before anything else.
     """
 
-    __slots__ = ("ctl", "slots", "index", "capacity")
+    __slots__ = ("ctl", "slots", "index", "capacity", "_all_slots", "_all_index", "_offset", "_reserve",
+                 "_grow_hook", "_retry_at", "_none")
 
-    def __init__(self, buf, offset: int = 0):
+    def __init__(self, buf, offset: int = 0, reserve=None, grow_hook=None):
         """Attach to an initialised table; LayoutError unless magic, version and size match and `buf` holds it."""
         hdr = words(buf, offset, HEADER_WORDS, "in-flight table")
         size, capacity, index_cap = check_header(hdr, INFLIGHT_MAGIC, INFLIGHT_VERSION, what="in-flight table")[:3]
@@ -420,34 +453,104 @@ class InFlightTable:
             raise LayoutError(f"in-flight table: size {size} or index {index_cap} does not match {capacity} slots")
         whole = words(buf, offset, size // 8, "in-flight table")
         self.ctl = whole[LINE_WORDS:2 * LINE_WORDS]
-        self.slots = whole[2 * LINE_WORDS:2 * LINE_WORDS + SLOT_WORDS * capacity]
-        self.index = whole[2 * LINE_WORDS + SLOT_WORDS * capacity:]
+        self._all_slots = whole[2 * LINE_WORDS:2 * LINE_WORDS + SLOT_WORDS * capacity]
+        self._all_index = whole[2 * LINE_WORDS + SLOT_WORDS * capacity:]
         self.capacity = capacity
+        self._offset = offset
+        self._reserve = reserve
+        self._grow_hook = grow_hook
+        self._retry_at = 0.0
+        self._none = np.empty(0, np.int64)
+        self._view()
+
+    def _view(self) -> None:
+        """Views of the reserved slots and the index in use, as the control line says now."""
+        reserved = int(py_load_acquire(self.ctl, C_RESERVED))
+        index_len = int(py_load_acquire(self.ctl, C_INDEX_LEN))
+        if not (0 < reserved <= self.capacity and index_len >= _index_capacity(reserved)
+                and index_len <= self._all_index.shape[0] and index_len & (index_len - 1) == 0):
+            raise LayoutError(f"in-flight table: {reserved} reserved slots and an index of {index_len} do not fit "
+                              f"{self.capacity} slots")
+        self.slots = self._all_slots[:SLOT_WORDS * reserved]
+        self.index = self._all_index[:index_len]
 
     @classmethod
-    def create(cls, buf, offset: int, capacity: int) -> InFlightTable:
-        """Initialise an empty table of `capacity` slots in `buf` (overwriting it) and attach to it."""
+    def create(cls, buf, offset: int, capacity: int, reserve=None, initial: int | None = None,
+               grow_hook=None) -> InFlightTable:
+        """Initialise an empty table of `capacity` slots in `buf` (overwriting it) and attach to it. With
+        ``initial`` only that many slots are reserved at first (``reserve`` backs their pages); None: all."""
         if capacity < 1:
             raise ValueError("capacity must be >= 1")
         size = inflight_nbytes(capacity)
         whole = words(buf, offset, size // 8, "in-flight table")
-        whole[HEADER_WORDS:] = 0
-        slots = whole[2 * LINE_WORDS:2 * LINE_WORDS + SLOT_WORDS * capacity]
-        slots[S_NEXT_FREE::SLOT_WORDS] = np.arange(1, capacity + 1)
-        slots[S_NEXT_FREE + SLOT_WORDS * (capacity - 1)] = -1
-        whole[2 * LINE_WORDS + SLOT_WORDS * capacity:] = -1  # empty index
+        reserved = capacity if initial is None else max(1, min(initial, capacity))
+        index_len = _index_capacity(reserved)
+        index_at = 2 * LINE + 8 * SLOT_WORDS * capacity
+        if reserve is not None:
+            for start, end in inflight_reserved_ranges(capacity, reserved):
+                reserve(offset + start, end - start)
+        if grow_hook is not None:
+            grow_hook(reserved)
+        whole[HEADER_WORDS:2 * LINE_WORDS + SLOT_WORDS * reserved] = 0
+        slots = whole[2 * LINE_WORDS:2 * LINE_WORDS + SLOT_WORDS * reserved]
+        slots[S_NEXT_FREE::SLOT_WORDS] = np.arange(1, reserved + 1)
+        slots[S_NEXT_FREE + SLOT_WORDS * (reserved - 1)] = -1
+        whole[index_at // 8:index_at // 8 + index_len] = -1  # empty index
+        ctl = whole[LINE_WORDS:2 * LINE_WORDS]
+        ctl[C_RESERVED], ctl[C_INDEX_LEN] = reserved, index_len
         stamp_header(whole[:HEADER_WORDS], INFLIGHT_MAGIC, INFLIGHT_VERSION, size,
                      (capacity, _index_capacity(capacity)))
-        return cls(buf, offset)
+        return cls(buf, offset, reserve, grow_hook)
 
     def __len__(self) -> int:
         return int(self.ctl[C_N_LIVE])
 
+    @property
+    def reserved(self) -> int:
+        """Slots usable without growing (all of them in a table created without ``initial``)."""
+        return self.slots.shape[0] // SLOT_WORDS
+
+    def _grow(self) -> bool:
+        """Reserve more slots (module docstring); False at the capacity or when the reservation failed."""
+        old, index_len = self.reserved, self.index.shape[0]
+        if old >= self.capacity or time.monotonic() < self._retry_at:
+            return False
+        new = min(self.capacity, max(2 * old, GROW_MIN))
+        new_index = max(index_len, _index_capacity(new))
+        try:
+            if self._reserve is not None:
+                self._reserve(self._offset + 2 * LINE + 8 * SLOT_WORDS * old, 8 * SLOT_WORDS * (new - old))
+                index_at = self._offset + 2 * LINE + 8 * SLOT_WORDS * self.capacity
+                self._reserve(index_at + 8 * index_len, 8 * (new_index - index_len))
+            if self._grow_hook is not None:
+                self._grow_hook(new)
+        except OSError:
+            self._retry_at = time.monotonic() + GROW_RETRY
+            return False
+        self._all_slots[SLOT_WORDS * old:SLOT_WORDS * new] = 0  # zero pages already, unless the buffer was reused
+        py_store_release(self.ctl, C_INDEX_LEN, new_index)
+        py_store_release(self.ctl, C_RESERVED, new)
+        self._view()
+        inflight_recover(self.ctl, self.slots, self.index, self._none)  # free list, count, index for the new size
+        return True
+
     def start_batch(self, topic: int, channel: int, conn: int, now_ns: int, deadline_ns: int,
                     msg_ids: np.ndarray, log_pos: np.ndarray, attempts: np.ndarray, out_slots: np.ndarray) -> int:
         """Record deliveries to `conn`; out_slots[i] = slot or ST_DUPLICATE / ST_FULL. -> number started."""
-        return inflight_start_batch(self.ctl, self.slots, self.index, topic, channel, conn, now_ns, deadline_ns,
-                                    _as_i64(msg_ids), _as_i64(log_pos), attempts, out_slots)
+        ids = _as_i64(msg_ids)
+        n = inflight_start_batch(self.ctl, self.slots, self.index, topic, channel, conn, now_ns, deadline_ns,
+                                 ids, _as_i64(log_pos), attempts, out_slots)
+        count = ids.shape[0]
+        while n < count and self.reserved < self.capacity:
+            # the free list ran dry at entry k; what follows it either was a duplicate (and still is) or found no
+            # slot: grow and start again from k
+            full = np.flatnonzero(out_slots[:count] == ST_FULL)
+            if len(full) == 0 or not self._grow():
+                break
+            k = int(full[0])
+            n += inflight_start_batch(self.ctl, self.slots, self.index, topic, channel, conn, now_ns, deadline_ns,
+                                      ids[k:], _as_i64(log_pos)[k:], attempts[k:], out_slots[k:])
+        return n
 
     def finish_batch(self, channel: int, msg_ids: np.ndarray, conn: int, out_status: np.ndarray,
                      out_slots: np.ndarray) -> int:
@@ -472,6 +575,16 @@ class InFlightTable:
     def release(self, slot: int) -> int:
         return inflight_release(self.ctl, self.slots, self.index, slot)
 
+    def set_log_pos(self, slot: int, pos: int) -> int:
+        """Point a live slot at log position `pos` (its message's body was copied there; the old copy must stay
+        readable until this returned). One store-release of the slot's LOG_POS word, which nothing else
+        publishes with it, so a SIGKILL leaves the old position or the new one, each naming the same message.
+        -> OK, or ST_BAD_SLOT for a slot out of range or free."""
+        if not 0 <= slot < self.reserved or int(self.slots[slot * SLOT_WORDS + S_TAG]) & 3 == FREE:
+            return ST_BAD_SLOT
+        py_store_release(self.slots, slot * SLOT_WORDS + S_LOG_POS, pos)
+        return OK
+
     def iter_conn(self, conn: int) -> np.ndarray:
         """Slots in flight at `conn`, ascending (for requeue-at-once on disconnect)."""
         out = np.empty(min(self.capacity, 1024), np.int64)
@@ -482,16 +595,22 @@ class InFlightTable:
         return out[:n]
 
     def recover(self) -> np.ndarray:
-        """Rebuild free list, count and index from the slots; -> every non-free slot, ascending."""
-        out = np.empty(self.capacity, np.int64)
+        """Rebuild free list, count and index from the slots; -> every non-free slot, ascending. Re-reads how
+        much of the table is reserved first (a predecessor may have grown it)."""
+        self._view()
+        self._retry_at = 0.0
+        out = np.empty(self.reserved, np.int64)
         n = inflight_recover(self.ctl, self.slots, self.index, out)
         if n < 0:
             raise ValueError("in-flight table holds two live slots with one (message id, channel)")
         return out[:n]
 
     def slot(self, s: int) -> SlotInfo:
+        """A slot's fields; a slot past the reserved ones is free (generation 0) and is not touched."""
         if not 0 <= s < self.capacity:
             raise ValueError(f"slot {s} outside [0, {self.capacity})")
+        if s >= self.reserved:
+            return SlotInfo(s, FREE, 0, 0, 0, 0, 0, 0, 0, 0, 0)
         w = self.slots[s * SLOT_WORDS:(s + 1) * SLOT_WORDS].copy()
         tag = int(w[S_TAG])
         half = S_HALF0 + ((tag >> 2) & 1) * HALF_WORDS
@@ -499,7 +618,7 @@ class InFlightTable:
                         int(w[S_LOG_POS]), *(int(v) for v in w[half:half + HALF_WORDS]))
 
     def generation(self, s: int) -> int:
-        return int(self.slots[s * SLOT_WORDS + S_TAG]) >> 3
+        return int(self.slots[s * SLOT_WORDS + S_TAG]) >> 3 if s < self.reserved else 0
 
     def check(self) -> None:
         if inflight_check(self.ctl, self.slots, self.index) != OK:

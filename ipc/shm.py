@@ -15,6 +15,13 @@ creates a segment (the supervisor) owns its name and is the one that unlinks it;
   header page and the first ``reserve`` payload bytes are reserved; the owner reserves more with
   ``reserve_range`` as it reaches them, and never touches a page it has not reserved. So a segment's cost in
   /dev/shm grows with its content, while every process still maps it whole at one address.
+* **Layouts that grow in place** (``Segment.reserver()``: the broker's rings, in-flight tables and timer heaps): the
+  segment is created with ``reserve=0`` and each layout reserves the bytes it touches, first its fixed part,
+  then more as it grows, through a ``SegmentReserver``: ``reserver(offset, nbytes)`` reserves payload bytes
+  [offset, offset + nbytes), reopening the segment by name (a child forked long after the segment was made
+  needs no inherited fd), and raises SegmentError when /dev/shm cannot hold them. Reserving is idempotent, so a
+  process killed between reserving and recording it only makes its successor reserve the same pages again.
+  These are transport and bookkeeping, bounded by configuration, so they are not held to the safety reserve.
 * **The /dev/shm safety reserve** (``check_shm_room``): what grows with traffic (log segments) must leave
   ``max(SHM_KEEP_FREE_MIN, SHM_KEEP_FREE_FRACTION of /dev/shm)`` free, so that control blocks (the broker's own at
   a restart, a new topic's) still find room when topics have filled the rest. Control blocks are not held to it.
@@ -57,10 +64,10 @@ from ipc.rawmap import map_fd
 from ipc.layout import (HEADER_WORDS, H_MAGIC, H_PARAMS, H_SIZE, LayoutError, align_up, check_header, magic,
                         stamp_header, words)
 
-__all__ = ["Segment", "MappedPayload", "SegmentProvider", "reserve_and_map", "reserve_range", "check_mapped_header",
-           "check_shm_room", "shm_keep_free", "open_segment_fd", "SegmentError", "LayoutError", "segment_name",
-           "instance_prefix", "find_stale", "find_dead_instances", "remove_segments", "list_segments", "unlink_name",
-           "PREFIX", "PAYLOAD_OFFSET", "SHM_KEEP_FREE_MIN", "SHM_KEEP_FREE_FRACTION", "INSTANCE_GRACE"]
+__all__ = ["Segment", "MappedPayload", "SegmentProvider", "SegmentReserver", "reserve_and_map", "reserve_range",
+           "check_mapped_header", "check_shm_room", "shm_keep_free", "open_segment_fd", "SegmentError", "LayoutError",
+           "segment_name", "instance_prefix", "find_stale", "find_dead_instances", "remove_segments", "list_segments",
+           "unlink_name", "PREFIX", "PAYLOAD_OFFSET", "SHM_KEEP_FREE_MIN", "SHM_KEEP_FREE_FRACTION", "INSTANCE_GRACE"]
 
 PREFIX = "nsqpy"
 SHM_DIR = "/dev/shm"
@@ -268,6 +275,25 @@ class SegmentProvider:
             os.close(fd)
 
 
+class SegmentReserver:
+    """``reserver(offset, nbytes)``: reserve payload bytes [offset, offset + nbytes) of the named segment (see
+    the module docstring); SegmentError when /dev/shm cannot hold them. Keeps no fd."""
+
+    __slots__ = ("name",)
+
+    def __init__(self, name: str):
+        self.name = name
+
+    def __call__(self, offset: int, nbytes: int) -> None:
+        if offset < 0:
+            raise ValueError(f"reservation at {offset} of {self.name}")
+        fd = open_segment_fd(self.name)
+        try:
+            reserve_range(fd, PAYLOAD_OFFSET + offset, nbytes, self.name, "is /dev/shm full?")
+        finally:
+            os.close(fd)
+
+
 class Segment(MappedPayload):
     """One mapped segment. ``buf`` is a writable uint8 numpy array of the payload (offset 0 = first payload
     byte); ``size`` its length in bytes."""
@@ -325,6 +351,10 @@ class Segment(MappedPayload):
     def unlink(self) -> None:
         """Remove the name (the creating process does this); existing mappings stay valid."""
         unlink_name(self.name)
+
+    def reserver(self) -> SegmentReserver:
+        """What a layout in this segment calls to reserve the pages it is about to touch (``.buf`` offsets)."""
+        return SegmentReserver(self.name)
 
     # header fields -----------------------------------------------------------------------------------------
     @property

@@ -1,17 +1,20 @@
-"""The scanner process: sole owner of the timer heaps (in-flight deadlines and deferred due times).
+"""The scanner process: sole owner of the in-flight timer heaps.
 
-Theory of operation: each worker has one heap in shared memory whose handles are that worker's in-flight slot
-numbers; a DEFERRED slot's due time and an IN_FLIGHT slot's deadline are the same kind of key, so one heap per
-worker serves both. Workers post events through their ring to the scanner:
+Theory of operation: each worker has one heap in shared memory whose handles are that worker's timer batches (one
+per delivery round, ``workers/timers.py``; a TOUCH'd message gets a batch of its own). Workers post events through
+their ring to the scanner:
 
-    START  n x (slot, generation, key)   push the slot, or move its key (TOUCH, REQ with a delay, redelivery)
-    REMOVE n x (slot)                    FIN, REQ 0, disconnect: the timer is no longer needed
+    START  n x (batch, generation, key)  push the batch, or move its key
+    REMOVE n x (batch)                   its last slot was finished, requeued or touched: no timer needed
     RESET  ()                            the worker restarted and will post START for what it still holds
 
 Each pass drains the rings, then pops every entry whose key has passed (one ``peek_and_shift`` call per heap) and
-posts EXPIRED n x (slot, generation) back to the worker, which ignores an entry whose generation moved on. Unlike
+posts EXPIRED n x (batch, generation) back to the worker, which ignores an entry whose generation moved on. Unlike
 NSQ's sampled queueScanLoop, nothing is sampled: the scanner sleeps exactly until the earliest key (at most
-``MAX_SLEEP``) or until a worker wakes it, so a due message never waits for a scan interval.
+``MAX_SLEEP``) or until a worker wakes it, so a timeout never waits for a scan interval.
+
+Deferred messages (DPUB, REQ with a delay) are not here: they are unbounded, so they have their own store and
+heap in their owner worker (``workers/deferred.py``).
 
 Crash handling: the heaps are derived state. A restarted scanner clears them and bumps the scanner epoch in the
 control block; every worker then posts START for every slot it holds (``Worker.resync_scanner``).
@@ -68,6 +71,7 @@ class Scanner:
         self._handles = np.empty(SHIFT_BATCH, np.int64)
         self._keys = np.empty(SHIFT_BATCH, np.int64)
         self._stop = False
+        self._grow_logged = 0.0
         for h in self.heaps:
             h.clear()
         plan.control.bump_scanner_epoch()
@@ -76,6 +80,8 @@ class Scanner:
         h = self.heaps[w]
         if rtype == START:
             recs = np.frombuffer(payload, np.int64).reshape(-1, 3)
+            if len(recs) and not self._heap_holds(w, int(recs[:, 0].max())):
+                return False  # kept in the ring: tried again on the next pass
             apply_starts(h.ctl, h.keys, h.vals, h.pos, self.gens[w], recs)
         elif rtype == REMOVE:
             apply_removes(h.ctl, h.keys, h.vals, h.pos, np.frombuffer(payload, np.int64))
@@ -83,12 +89,28 @@ class Scanner:
             h.clear()
         return True  # handled: the ring may release it
 
+    def _heap_holds(self, w, handle):
+        """Grow worker w's heap to hold this handle (its pages are normally backed already: ipc.heap, lazy
+        pages); False, logged once a second, when /dev/shm cannot back them."""
+        h = self.heaps[w]
+        if handle < h.pos.shape[0] or handle >= h.n_handles:
+            return True  # a handle past n_handles is refused by apply_starts as before
+        try:
+            h.grow(min(h.n_handles, 1 << handle.bit_length()))
+        except OSError as e:
+            now = time.monotonic()
+            if now - self._grow_logged >= 1.0:
+                self._grow_logged = now
+                self.log.error(f"scanner: the timer heap of worker {w} cannot grow: {e}")
+            return False
+        return True
+
     def sweep(self, now_ns):
         """Post EXPIRED for every due entry; returns the earliest remaining key (or None)."""
         earliest = None
         for w, h in enumerate(self.heaps):
             out = self.outboxes[w]
-            while True:
+            while len(h) and h.keys[0] <= now_ns:  # (has_room reserves ring pages: only when something is due)
                 if not out.has_room(16 * SHIFT_BATCH + 64):
                     break  # the worker is behind: its entries stay due and go out on the next pass
                 n = h.peek_and_shift(now_ns, self._handles, self._keys)
