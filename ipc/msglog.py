@@ -568,6 +568,11 @@ class MessageLog(LogCounters):
         if K.close_channel(self.ctrl, ch) == NO_CHANNEL:
             raise LogError(f"channel slot {ch} is not open")
 
+    def drop_backlog(self) -> bool:
+        """With no channel open, forget the messages kept for the first channel (reclaimed by the next
+        ``reclaim``); -> False (nothing done) when a channel is open."""
+        return int(K.drop_backlog(self.ctrl)) == 0
+
     def set_low_water(self, ch: int, position: int) -> None:
         """The oldest position channel ch still holds in flight or deferred (NO_LOW_WATER: none)."""
         self._check_open(ch)

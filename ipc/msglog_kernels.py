@@ -521,6 +521,17 @@ def close_channel(ctrl, ch):
 
 
 @njit(**KERNEL)
+def drop_backlog(ctrl):
+    """A topic with no channel forgets what piled up for its first channel (NSQ's topic empty): the backlog
+    starts at the head. Returns 0, or FULL when a channel is open (its queue is its own)."""
+    if active_channels(ctrl) != 0:
+        return FULL
+    head, seq = state_word(ctrl, S_HEAD), state_word(ctrl, S_HEAD_SEQ)
+    publish_state(ctrl, head, seq, state_word(ctrl, S_LAST_ID), head, seq)
+    return 0
+
+
+@njit(**KERNEL)
 def channel_depth(ctrl, ch):
     """Records channel ch has still to deliver (public after its cursor + its own requeued ones); safe from
     any process. The channel's counters are read before the head's, so the result is never negative."""

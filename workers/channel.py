@@ -8,8 +8,17 @@ for one consumer is one log read, one in-flight ``start_batch`` and one framing 
 message. Every state change of a slot is reported to the scanner (START with a deadline, REMOVE), which owns the
 timers and sends EXPIRED back (``on_expired``).
 
-A message whose ``not_before`` lies in the future (DPUB) is parked as a DEFERRED slot when the cursor reaches it,
-so that it is deferred per channel as NSQ does.
+A message whose ``not_before`` lies in the future (DPUB) is parked in the worker's deferred store
+(``workers/deferred.py``) when the cursor reaches it, so that it is deferred per channel as NSQ does; a REQ with
+a delay moves its message from its in-flight slot to the same store. The store grows on demand: deferred
+messages never take in-flight slots while they wait. When they come due they queue in ``due`` (after the
+requeued ones) and take a slot only when a consumer gets them.
+
+What a channel needs from its worker is narrow (a unit test passes a small fake, see
+tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
+``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end),
+``write_frames(session, log, positions, attempts)``, ``timer_start``/``timer_start_each``/``timer_leave``,
+``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout``.
 """
 import collections
 import itertools
@@ -21,6 +30,7 @@ from ipc import inflight as IF
 from nsqpy.protocol.errors import FinFailed, ReqFailed, TouchFailed
 from nsqpy.protocol.ids import hex_to_id
 from ipc.msglog_layout import FRAME_OVERHEAD
+from workers.deferred import DeferredNoSpace
 from workers.kernels import generations, waiting_positions
 from workers.suspects import DELIVERY
 
@@ -44,7 +54,8 @@ class Channel:
         self.ephemeral = name.endswith("#ephemeral")
         self.paused = False
         self.consumers = []
-        self.requeued = collections.deque()
+        self.requeued = collections.deque()   # in-flight slots to deliver again (REQ 0, timeout, disconnect)
+        self.due = collections.deque()        # deferred-store entries that came due, waiting for a consumer
         self.message_count = 0
         self.requeue_count = 0
         self.timeout_count = 0
@@ -72,7 +83,16 @@ class Channel:
 
     # ---- delivery --------------------------------------------------------------------------------------
     def has_messages(self):
-        return bool(self.requeued) or self.topic.log.depth(self.ch) > 0
+        return bool(self.requeued) or bool(self.due) or self.topic.log.depth(self.ch) > 0
+
+    @property
+    def deferred_count(self):
+        """Deferred messages not yet due (NSQ's deferred_count; due ones count in the depth)."""
+        return self.worker.deferred.counts.get(self.key, 0) - len(self.due)
+
+    def depth(self):
+        """NSQ's depth: messages waiting for delivery (the log ahead of the cursor, requeued, due)."""
+        return self.topic.log.depth(self.ch) + len(self.requeued) + len(self.due)
 
     def deliver(self):
         """One delivery pass over the consumers; True when more could be delivered right away."""
@@ -107,6 +127,8 @@ class Channel:
         deadline = now + s.settings.msg_timeout_ms * 1_000_000
         if self.requeued:
             return self._redeliver(s, budget, now, deadline)
+        if self.due:
+            return self._deliver_due(s, budget, now, deadline)
         log = self.topic.log
         b = log.read(self.ch, budget, MAX_ROUND_BYTES)  # at least one record, however big (delivered alone)
         if b.n == 0:
@@ -202,20 +224,45 @@ class Channel:
         return self._send(s, pos, att, slots, deadline)
 
     def _park_deferred(self, pos, ids, att, not_before, now):
-        """Deferred messages wait in an in-flight slot (state DEFERRED) with a timer; -> the position of the first
-        one that found the table full, or NO_STOP."""
-        table = self.worker.inflight
-        slots = np.empty(len(pos), np.int64)
-        table.start_batch(self.topic.index, self.key, -1, now, now, ids, pos, att, slots)
-        ok = slots >= 0
-        for slot, due in zip(slots[ok].tolist(), not_before[ok].tolist()):
-            table.requeue(slot, due)
-        self.worker.timer_start_each(slots[ok].tolist(), not_before[ok].tolist())
-        full = slots == IF.ST_FULL
-        if full.any():
-            self._table_full()
-            return int(pos[full].min())
+        """Deferred messages wait in the worker's deferred store until due; -> NO_STOP, or the first position
+        when the store could not grow (no shared memory): the cursor stops there and the channel is tried
+        again shortly, nothing is lost."""
+        w = self.worker
+        try:
+            w.deferred.add(self.topic.index, self.key, ids, pos, att, not_before)
+        except DeferredNoSpace as e:
+            w.storage_failed(f"CHANNEL({self.topic.name}:{self.name}): cannot defer messages", e)
+            self.blocked = True
+            w.retry_later(self)
+            return int(pos.min())
+        w.deferred_changed()
         return NO_STOP
+
+    def _deliver_due(self, s, budget, now, deadline):
+        """Deferred messages that came due: each takes an in-flight slot now (the store entry is freed once the
+        slot holds it); at most ``budget`` and MAX_ROUND_BYTES of frames (at least one). A full table stops
+        here, the rest stay due."""
+        store = self.worker.deferred
+        want = min(budget, len(self.due))
+        idx = np.fromiter(itertools.islice(self.due, want), np.int64, want)
+        _, _, ids, pos, att, _ = store.fields(idx)
+        lengths = self.topic.log.records_at(pos).lengths[:want] + FRAME_OVERHEAD
+        take = max(1, int(np.searchsorted(np.cumsum(lengths), MAX_ROUND_BYTES, side="right")))
+        idx, ids, pos, att = idx[:take], ids[:take], pos[:take], att[:take] + 1
+        table = self.worker.inflight
+        slots = self._slots[:take] if take <= ROUND else np.empty(take, np.int64)
+        table.start_batch(self.topic.index, self.key, s.conn_id, now, deadline, ids, pos, att, slots)
+        full = slots == IF.ST_FULL
+        stop = int(np.argmax(full)) if full.any() else take
+        for _ in range(stop):
+            self.due.popleft()
+        if stop < take:
+            self._table_full()
+        # started, or already holding a slot (a crash between start and free): either way the slot delivers it
+        store.free(idx[:stop])
+        ok = slots[:stop] >= 0
+        pos, att, slots = pos[:stop][ok], att[:stop][ok], slots[:stop][ok]
+        return self._send(s, pos, att, slots, deadline)
 
     # ---- FIN / REQ / TOUCH -------------------------------------------------------------------------------
     def finish_one(self, s, msg_id):
@@ -260,14 +307,30 @@ class Channel:
         if timeout_ms <= 0:
             table.requeue(slot, 0)
             self.requeued.append(slot)
-        else:
-            due = time.time_ns() + timeout_ms * 1_000_000
-            table.requeue(slot, due)
-            self.worker.timer_start_each([slot], [due])
+        elif not self._defer_slot(slot, time.time_ns() + timeout_ms * 1_000_000):
+            table.requeue(slot, 0)  # the store cannot grow: requeue now rather than lose it
+            self.requeued.append(slot)
         s.in_flight -= 1
         s.requeue_count += 1
         self.requeue_count += 1
         self.wants_delivery()
+
+    def _defer_slot(self, slot, due):
+        """Move an in-flight message to the deferred store until `due` (entry first, then the slot is freed: a
+        crash in between leaves both, and recovery keeps the slot). False if the store cannot grow."""
+        w = self.worker
+        info = w.inflight.slot(slot)
+        msg_id = info.msg_id - (1 << 64) if info.msg_id >= 1 << 63 else info.msg_id
+        try:
+            w.deferred.add(self.topic.index, self.key, np.array([msg_id], np.int64),
+                           np.array([info.log_pos], np.int64), np.array([info.attempts], np.int64),
+                           np.array([due], np.int64))
+        except DeferredNoSpace as e:
+            w.storage_failed(f"CHANNEL({self.topic.name}:{self.name}): cannot defer a message", e)
+            return False
+        w.inflight.release(slot)
+        w.deferred_changed()
+        return True
 
     def touch(self, s, msg_id):
         slot = self._lookup(s, msg_id, "TOUCH", TouchFailed)
@@ -307,6 +370,23 @@ class Channel:
             session.in_flight = 0
             self.wants_delivery()
 
+    def pause(self, paused):
+        """Stop (or resume) delivery; messages keep arriving (NSQ's channel pause)."""
+        if paused == self.paused:
+            return
+        self.paused = paused
+        self.worker._record(self.worker.directory.channel_paused, self.key, paused)
+        if not paused:
+            self.wants_delivery()
+
+    def empty(self):
+        """NSQ's channel empty: its queue (memory and disk), in-flight and deferred messages are gone; the
+        consumers stay (FIN of a message they still hold then fails, as in nsqd)."""
+        self.drop_all()
+        log = self.topic.log
+        log.advance(self.ch, log.head)
+        self.worker.touched.add(self.topic)
+
     def drop_all(self):
         """Channel deleted or emptied: free every slot it holds."""
         table = self.worker.inflight
@@ -315,6 +395,8 @@ class Channel:
         for slot in slots:
             table.release(slot)
         self.requeued.clear()
+        self.due.clear()
+        self.worker.deferred.drop_channel(self.key)
         for s in self.consumers:
             s.in_flight = 0
 

@@ -146,6 +146,7 @@ class Topic:
                 self.set_full(False)
         self.message_count += n
         self.message_bytes += int(lengths[0]) if n == 1 else int(lengths.sum())
+        self.worker.stats.changed.add(self.name)
         for ch in self.channels.values():
             if ch.consumers:
                 self.worker.pending.add(ch)
@@ -177,6 +178,7 @@ class Topic:
             self.channels[name] = ch
             self.worker.channels_by_key[ch.key] = ch
             self.worker.touched.add(self)
+            self.worker.stats.changed.add(self.name)
         return ch
 
     def delete_channel(self, name):
@@ -186,6 +188,7 @@ class Topic:
         ch.deleted = True
         self.worker.channels_by_key.pop(ch.key, None)
         self.worker.touched.add(self)
+        self.worker.stats.changed.add(self.name)
         ch.drop_all()
         for s in list(ch.consumers):
             s.channel = None
@@ -194,6 +197,22 @@ class Topic:
         self.worker._record(self.worker.directory.channel_deleted, ch.key)
         if self.ephemeral and not self.channels:
             self.worker.delete_topic(self.name)
+
+    def pause(self, paused):
+        """Stop (or resume) delivery on every channel; publishing goes on (NSQ's topic pause)."""
+        if paused == self.paused:
+            return
+        self.paused = paused
+        self.worker._record(self.worker.directory.topic_paused, self.index, paused)
+        if not paused:
+            for ch in self.channels.values():
+                ch.wants_delivery()
+
+    def empty(self):
+        """NSQ's topic empty: what waits in the topic itself, i.e. the backlog kept for its first channel while
+        it has none. Channels keep their queues (their own empty clears them)."""
+        if self.log.drop_backlog():
+            self.log.reclaim()
 
     def set_full(self, full):
         """Mark (or clear) this topic as full for the other workers: they refuse its publishes at once."""
