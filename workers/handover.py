@@ -9,21 +9,16 @@ uses (sessions, pump, plan, control).
 """
 import json
 import socket
-import zlib
 
 from ipc.fdpass import PeerGone
 from nsqpy.protocol.errors import ProtocolError
 from nsqpy.protocol.identify import ClientSettings
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import V2Parser
+from workers.records import owner_of  # noqa: F401 (imported from here too)
 from workers.session import Session
 
 NEW_CONNECTION, MOVED_SUBSCRIBER, MOVED_PRODUCER = 1, 2, 3
-
-
-def owner_of(topic, workers):
-    """The worker that owns a topic: a stable hash of its name, the same in every process."""
-    return zlib.crc32(topic.encode()) % workers
 
 
 class Connections:
@@ -71,7 +66,8 @@ class Connections:
     def move_producer(self, s, owner):
         """The pump saw this producer's last lone PUBs all go to topics of worker ``owner``: hand it there, so
         its PUBs are appended where they arrive instead of crossing a ring (see ARCHITECTURE.md)."""
-        if s.closed or s.closing_after_flush or s.channel is not None or not s.parser.idle or not s.reading:
+        if s.closed or s.closing_after_flush or s.channel is not None or not s.parser.idle or not s.reading \
+                or s.held:  # a publish of it waits for room in a ring: its OK must come from here
             return
         self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state})
 

@@ -15,7 +15,9 @@ numba, with libc called directly (``ipc.sysio``):
 * ``commit`` (the worker's idle step, once per loop iteration, before the buffer is reused) publishes each
   topic's staged bodies as one batch, straight from the buffer, and then ``_settle_and_send`` sends every OK in one
   compiled loop. A session with output already queued (``busy``), or whose OK did not fit in the socket, gets
-  it through its write buffer instead, so replies never overtake each other.
+  it through its write buffer instead, so replies never overtake each other. A batch the worker had to park (its
+  ring to the owner is full: it keeps a copy) gets no OK now: its sessions are held until the worker commits it
+  and answers them.
 * Topic names enter the table only after the Python path validated them (a first PUB of a topic always goes
   through the parser), so the compiled check is a lookup, never a reimplementation of NSQ's name rules. The
   table holds MAX_TOPICS names; past that, further topics simply keep using the parser.
@@ -44,6 +46,7 @@ from numba import njit
 from ipc import sysio as S
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.names import MAX_NAME_LENGTH
+from workers.records import pack_bodies  # noqa: F401 (warm-up imports it from here)
 
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
@@ -54,6 +57,7 @@ FOLLOW_S = 1.0              # after a crowd moved, seconds during which single p
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
+FAILED, PARKED = 1, 2       # a staged topic's outcome in ``failed``: refused (topic full), or waiting for room
 OK_SIZE = len(OK_FRAME)
 _PUB = np.frombuffer(b"PUB ", np.uint8).copy()
 
@@ -173,7 +177,8 @@ def _read(epfd, events, buf, max_msg, clean, last_read, gen, names, name_lens, t
 def _settle_and_send(st_fd, st_gen, st_topic, failed, n, gen, busy, tally, tally_topic, frame, sent, sw,
                      me, topic_owner, streak, streak_owner, movers):
     """After the staged PUBs were published: count each in its session's tally and send its OK, unless its
-    connection is gone (gen changed: sent -2), its topic failed (failed[topic]: sent -3), or output is queued
+    connection is gone (gen changed: sent -2), its topic failed (failed[topic] FAILED: sent -3) or waits for room
+    in the ring to its owner (PARKED: sent -4, the OK comes once it is committed), or output is queued
     (busy) or the socket took less than the frame (sent -1 / bytes sent: Python queues the rest).
     A session that switched topics has its old tally reported in sw (fd, topic, count) for Python to fold.
     A session whose last MOVE_AFTER lone PUBs all went to topics of one other worker is listed in movers.
@@ -187,7 +192,7 @@ def _settle_and_send(st_fd, st_gen, st_topic, failed, n, gen, busy, tally, tally
         if gen[fd] != st_gen[i]:
             sent[i] = -2
         elif failed[t]:
-            sent[i] = -3
+            sent[i] = -3 if failed[t] == FAILED else -4
         else:
             if tally_topic[fd] != t:
                 if tally[fd] > 0:
@@ -216,23 +221,6 @@ def _settle_and_send(st_fd, st_gen, st_topic, failed, n, gen, busy, tally, tally
         if sent[i] != frame.size:
             attention += 1
     return k, attention, m
-
-
-@njit(cache=True)
-def pack_bodies(src, offsets, lengths, out, at):
-    """n little-endian int64 lengths, then the n bodies src[offsets[i]:offsets[i]+lengths[i]], into out[at:]
-    (a forwarded publish's payload after its header); returns the end."""
-    n = lengths.size
-    for i in range(n):
-        v = lengths[i]
-        for k in range(8):
-            out[at + 8 * i + k] = (v >> (8 * k)) & 0xFF
-    p = at + 8 * n
-    for i in range(n):
-        o, k = offsets[i], lengths[i]
-        out[p:p + k] = src[o:o + k]
-        p += k
-    return p
 
 
 class Pump:
@@ -352,27 +340,32 @@ class Pump:
 
     # ---- committing ------------------------------------------------------------------------------------
     def commit(self, publish, move):
-        """Publish what ``read`` staged: ``publish(topic, buf, offsets, lengths)`` -> ok for each topic, then
-        the OKs, then ``move(session, worker)`` for each producer that should live with its topics' owner.
-        Must run before the next ``read`` (the bodies are still in the read buffer)."""
+        """Publish what ``read`` staged: ``publish(topic, buf, offsets, lengths)`` for each topic -> True
+        (stored), False (refused: E_PUB_FAILED) or a parked publish (the ring to the topic's owner is full: it
+        kept a copy, and each of its sessions is added to it with ``parked.add(session)``, which stops reading
+        the session until the OK can go); then the OKs, then ``move(session, worker)`` for each producer that
+        should live with its topics' owner. Must run before the next ``read`` (the bodies are still in the read
+        buffer)."""
         n = self.staged
         if not n:
             return
         self.staged = 0
         st = self.st
         fds, topics, offs, lens = st["fd"][:n], st["topic"][:n], st["off"][:n], st["len"][:n]
-        failed = []
+        failed = {}
         if not self.counts[2]:
             t = int(topics[0])
-            if not publish(self.topics[t], self.buf, offs, lens):
-                failed.append(t)
+            ok = publish(self.topics[t], self.buf, offs, lens)
+            if ok is not True:
+                failed[t] = ok
         else:
             for t in np.unique(topics).tolist():
                 sel = topics == t
-                if not publish(self.topics[t], self.buf, offs[sel], lens[sel]):
-                    failed.append(t)
-        for t in failed:
-            self.failed[t] = 1
+                ok = publish(self.topics[t], self.buf, offs[sel], lens[sel])
+                if ok is not True:
+                    failed[t] = ok
+        for t, ok in failed.items():
+            self.failed[t] = FAILED if ok is False else PARKED
         sent, sw = st["sent"][:n], self.sw
         k, attention, m = _settle_and_send(
             fds, st["gen"][:n], topics, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic,
@@ -387,6 +380,8 @@ class Pump:
                     continue  # the connection went away before its OK
                 if sent[i] == -3:
                     s.pub_failed(self.topics[int(topics[i])])
+                elif sent[i] == -4:
+                    failed[int(topics[i])].add(s)
                 else:  # output was queued before it, or the socket took only part of it
                     s.write(OK_FRAME[max(int(sent[i]), 0):])
         for t in failed:

@@ -20,6 +20,14 @@ command is partly received it is two intervals after the read that began it (``_
 trickling a command byte by byte is dropped like a silent one. Keeping that time costs one comparison per
 ``on_data``; the pump's fast path only ever handles whole commands, with the parser idle.
 
+Back-pressure (a full ring to a topic's owner): a publish the worker cannot commit yet is *parked*
+(``workers/worker.py``: it keeps a copy of the messages); the session is then *held*: its socket leaves the pump,
+so nothing more is read and TCP pushes back on the producer, and the commands already parsed after the publish wait
+in ``_held_items``, in order. When the owner has made room the worker commits the publish, sends the OK and
+``release``s the session, which handles those commands and only then reads again. While held, no read deadline
+runs (the client is waiting for us, as nsqd's is while it writes to disk); heartbeats still go out. A session
+closed while held loses its parked publish unanswered.
+
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
 beyond NSQ here), leaves its channel, takes the fd out of the pump and the loop and closes the socket.
 """
@@ -52,6 +60,9 @@ class Session:
         self.closed = False
         self.closing_after_flush = False
         self.reading = True
+        self.held = False          # a publish waits for room in the ring to its topic's owner: not reading
+        self._held_items = None    # commands parsed after that publish, handled once it is committed
+        self._held_bytes = b""     # bytes handed to on_data while held (not from the pump, which stops reading)
         self.writing = False  # the loop watches for room to send the rest of wbuf
         self.channel = None
         self.rdy = 0
@@ -93,7 +104,9 @@ class Session:
     @property
     def read_deadline_from(self):
         """Where the read deadline counts from: the last read at a command boundary, else the read that began the
-        command still being received."""
+        command still being received. While held, it is now: the client waits for us, not we for it."""
+        if self.held:
+            return monotonic()
         return self.last_read if self.parser.idle else self._command_started
 
     def on_data(self, data):
@@ -102,6 +115,9 @@ class Session:
             # After a fatal error nothing more is parsed (the parser refuses input), but reading on until the
             # close keeps unread bytes from turning it into a reset that would destroy the error frame and
             # whatever else the client has not read yet.
+            return
+        if self.held:
+            self._held_bytes += data
             return
         was_idle = self.parser.idle
         if self.handle_bytes(data) or was_idle:
@@ -119,28 +135,34 @@ class Session:
         """Parse and handle data; returns whether it completed at least one command."""
         items = self.parser.feed(data)
         completed = bool(items)
+        self._handle(items)
+        return completed
+
+    def _handle(self, items):
         while items:
-            for cmd in items:
+            for k, cmd in enumerate(items):
                 if self.closed or self.closing_after_flush:
-                    return completed
+                    return
                 if isinstance(cmd, ProtocolError):
                     self._fail(cmd)
-                    return completed
+                    return
                 try:
                     if self._dispatch[type(cmd)](cmd) is MIGRATED:
                         # the parser stops right after a SUB, so all not yet handled is still in its buffer
                         self.worker.migrate(self, cmd, self.parser.take_buffer())
-                        return completed
+                        return
                 except ProtocolError as err:
                     self._fail(err)
                     if err.fatal:
-                        return completed
+                        return
+                if self.held:  # that publish was parked: the rest waits for its OK (a SUB is always last)
+                    self._held_items = items[k + 1:]
+                    return
             # a SUB that kept the connection here: parse the rest of what was received
             items = self.parser.feed(b"") if type(items[-1]) is C.Sub else None
         if len(self.wbuf) > MAX_WBUF and self.reading:
             self.reading = False
             self.worker.pump.pause(self.fd)
-        return completed
 
     def write(self, data):
         if self.closed:
@@ -179,7 +201,8 @@ class Session:
             self.close()
         elif not self.reading:
             self.reading = True
-            self.worker.pump.resume(self.fd)
+            if not self.held:
+                self.worker.pump.resume(self.fd)
         return True
 
     def _on_writable(self):
@@ -261,6 +284,42 @@ class Session:
 
     def pub_failed(self, topic):
         self._fail(PubFailed(f"PUB failed topic {topic} is full"))
+
+    # ---- back-pressure: a parked publish (see the module docstring) ----------------------------------------
+    def hold(self):
+        """A publish of this session was parked: read nothing more until it is committed (``release``)."""
+        if not self.held:
+            self.held = True
+            self.worker.pump.pause(self.fd)
+
+    def release(self):
+        """The parked publish was answered (OK, or a fatal error): handle what was parsed after it, then read."""
+        if not self.held:
+            return
+        self.held = False
+        if self.closed:
+            return
+        items, self._held_items = self._held_items, None
+        if items:
+            self._handle(items)
+        if self.held or self.closed:
+            return  # parked again (what is left waits for that one), or gone
+        data, self._held_bytes = self._held_bytes, b""
+        if data:
+            self.on_data(data)
+            if self.held or self.closed:
+                return
+        self.worker.pump.last_read[self.fd] = monotonic()  # the read deadline counts from here again
+        if self.reading:
+            self.worker.pump.resume(self.fd)
+        self._note_clean()
+
+    def fail_held(self, err):
+        """The parked publish cannot be stored (its topic is full): the error, and nothing after it."""
+        self._held_items = None
+        self._held_bytes = b""
+        self._fail(err)
+        self.release()  # a fatal error closes after the flush; until then what arrives is read and discarded
 
     def count_pub(self, topic, n):
         self.pub_counts[topic] = self.pub_counts.get(topic, 0) + n

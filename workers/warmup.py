@@ -14,11 +14,14 @@ from ipc.inflight import InFlightTable, inflight_nbytes
 from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
 from ipc.ring import Ring
 from ipc.shm import Segment, unlink_name
+from ipc import statrows
 from ipc.wake import Wakeups
+from workers.links import Pending
 from nsqpy.protocol import client as enc
 from nsqpy.protocol.ids import IdGenerator
 from nsqpy.protocol.v2_parser import V2Parser
-from workers import kernels as K
+from workers import kernels as K, records, stats
+from workers.deferred import DeferredStore, LocalChunks
 from workers.pump import Pump, pack_bodies
 from workers.scanner import apply_removes, apply_starts
 
@@ -34,9 +37,11 @@ def _protocol():
 
 
 def _rings():
-    buf = bytearray(Ring.size_for(1 << 12))
+    buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
     ring = Ring.create(buf, 0, 1 << 12)
     ring.write(b"abc", 1)
+    ring.can_claim(3)
+    Pending(buf, [ring.ctl]).which()
     ring.read_batch(16)
     ring.release()
     ring.readable()
@@ -53,6 +58,16 @@ def _timers():
     apply_removes(heap.ctl, heap.keys, heap.vals, heap.pos, np.array([2], np.int64))
     heap.peek_and_shift(100, np.empty(8, np.int64), np.empty(8, np.int64))
     heap.clear()
+
+
+def _deferred():
+    store = DeferredStore(LocalChunks())
+    ids = np.arange(3, dtype=np.int64)
+    idx = store.add(1, 1, ids, ids * 8, np.zeros(3, np.int64), np.array([5, 1, 9], np.int64))
+    store.free(store.due(5))
+    store.low_water(np.full(4, 1 << 62, np.int64))
+    store.free(idx[2:])
+    store.recover()
 
 
 def _inflight():
@@ -87,6 +102,7 @@ def _log(prefix):
         log.write_frames(np.empty(1024, np.uint8), 0, b.positions[:b.n], b.attempts[:b.n] + 1)
         log.advance(ch, b.next_position)
         log.copy_forward(ch, b.positions[:1], 1)
+        log.copy_forward(ch, b.positions[1:2], 1, parked=True)
         log.depth(ch)
         log.set_low_water(ch, int(b.positions[0]))
         log.reclaim()
@@ -141,5 +157,9 @@ def warm_up(prefix):
     _rings()
     _timers()
     _inflight()
+    _deferred()
     _log(prefix.rstrip("-"))
     _pump()
+    records.warm_up()
+    statrows.warm_up()
+    stats.warm_up()

@@ -1,0 +1,144 @@
+"""What travels in the publish rings towards a topic's owner, and who that owner is: the one codec that every side
+imports (a worker forwarding publishes, the owner appending them, a non-worker process using
+``workers/controlplane.py``).
+
+Record types (the ring header's type word, ``ipc.ring``):
+
+    FORWARD           a forwarded publish, already answered OK by its sender:
+                      head (<qqqq: message count n, timestamp ns, defer ms, topic name length), the topic name,
+                      n little-endian int64 body lengths, then the n bodies back to back
+    FORWARD_BY_FILE   the utf-8 path of a file holding a FORWARD payload too big for the ring (the owner appends
+                      from it and removes it; a re-read after a crash that finds no file knows it was appended)
+    COMMAND           a control command for the owner (<qqqqqq: reply slot, sequence, op, topic name length,
+                      channel name length, flags), the topic name, the channel name; the owner stores
+                      (sequence, status) in the reply words of the slot (``workers/controlplane.py``)
+
+Back-pressure between a sender and the ring's reader (``want_room`` and friends): a sender whose ring is full
+keeps its publish (and the client's connection unread) and sets the ring's WANT_ROOM word; the reader, after every
+drain that released records, checks that word and wakes the sender. Both sides store, fence, then load what the
+other stored (the sender: WANT_ROOM, then the ring's HEAD; the reader: HEAD, then WANT_ROOM), so either the sender
+sees the room or the reader sees the flag: no wake-up is lost (the pattern of ``ipc.wake``).
+"""
+import struct
+import zlib
+
+import numpy as np
+from numba import njit
+
+from ipc.atomics import fence, load_acquire, store_release
+from ipc.ring import P_WANT_ROOM
+
+FORWARD = 1
+FORWARD_BY_FILE = 2
+COMMAND = 3
+
+FWD_HEAD = struct.Struct("<qqqq")     # message count, timestamp ns, defer ms, topic name length
+CMD_HEAD = struct.Struct("<qqqqqq")   # reply slot, sequence, op, topic name length, channel name length, flags
+
+
+def owner_of(topic, workers):
+    """The worker that owns a topic: a stable hash of its name, the same in every process."""
+    return zlib.crc32(topic.encode()) % workers
+
+
+# ---- forwarded publishes ---------------------------------------------------------------------------------
+@njit(cache=True)
+def pack_bodies(src, offsets, lengths, out, at):
+    """n little-endian int64 lengths, then the n bodies src[offsets[i]:offsets[i]+lengths[i]], into out[at:]
+    (a forwarded publish's payload after its header); returns the end."""
+    n = lengths.size
+    for i in range(n):
+        v = lengths[i]
+        for k in range(8):
+            out[at + 8 * i + k] = (v >> (8 * k)) & 0xFF
+    p = at + 8 * n
+    for i in range(n):
+        o, k = offsets[i], lengths[i]
+        out[p:p + k] = src[o:o + k]
+        p += k
+    return p
+
+
+def forward_size(name, lengths):
+    """Bytes of the FORWARD payload of these bodies for the topic named ``name`` (bytes)."""
+    return FWD_HEAD.size + len(name) + 8 * len(lengths) + int(lengths.sum())
+
+
+def pack_forward(out, name, src, offsets, lengths, timestamp_ns, defer_ms):
+    """Write the FORWARD payload into out (a uint8 array of at least forward_size bytes); -> the payload view."""
+    head = FWD_HEAD.pack(len(lengths), timestamp_ns, defer_ms, len(name)) + name
+    out[:len(head)] = np.frombuffer(head, np.uint8)
+    return out[:pack_bodies(src, offsets, lengths, out, len(head))]
+
+
+def forward_topic(payload):
+    """(message count, timestamp ns, topic) of a FORWARD payload (for logs and set-aside files)."""
+    n, ts, _, tl = FWD_HEAD.unpack_from(payload)
+    return n, ts, bytes(payload[FWD_HEAD.size:FWD_HEAD.size + tl]).decode(errors="replace")
+
+
+def unpack_forward(payload, one_off, one_len):
+    """-> (topic, offsets, lengths, timestamp ns, defer ms): message i is payload[offsets[i]:+lengths[i]].
+    A single message reuses the one-element arrays one_off/one_len (no allocation on the common path)."""
+    n, ts, defer_ms, tl = FWD_HEAD.unpack_from(payload)
+    p = FWD_HEAD.size
+    topic = bytes(payload[p:p + tl]).decode()
+    p += tl
+    if n == 1:
+        lengths, offsets = one_len, one_off
+        lengths[0] = payload[p:p + 8].view("<i8")[0]
+        offsets[0] = p + 8
+    else:
+        lengths = np.frombuffer(payload, "<i8", n, p).astype(np.int64)
+        p += 8 * n
+        offsets = np.empty(n, np.int64)
+        offsets[0] = p
+        np.cumsum(lengths[:-1], out=offsets[1:])
+        offsets[1:] += p
+    return topic, offsets, lengths, ts, defer_ms
+
+
+EMPTY_FORWARD = np.frombuffer(FWD_HEAD.pack(0, 0, 0, 0), np.uint8)  # stands for a forward whose file is gone
+
+
+# ---- control commands ------------------------------------------------------------------------------------
+def pack_command(slot, seq, op, topic, channel=None, flags=0):
+    t = topic.encode()
+    c = (channel or "").encode()
+    return CMD_HEAD.pack(slot, seq, op, len(t), len(c), flags) + t + c
+
+
+def unpack_command(payload):
+    """-> (reply slot, sequence, op, topic, channel or None, flags)."""
+    slot, seq, op, tl, cl, flags = CMD_HEAD.unpack_from(payload)
+    p = CMD_HEAD.size
+    topic = bytes(payload[p:p + tl]).decode(errors="replace")
+    channel = bytes(payload[p + tl:p + tl + cl]).decode(errors="replace") if cl else None
+    return slot, seq, op, topic, channel, flags
+
+
+# ---- room in a ring (sender waits, reader wakes it) -------------------------------------------------------
+@njit(cache=True)
+def set_want_room(ctl, value):
+    """Producer: announce (1) or withdraw (0) that it waits for room; fenced, so its next HEAD load comes after."""
+    store_release(ctl, P_WANT_ROOM, value)
+    fence()
+
+
+@njit(cache=True)
+def want_room(ctl):
+    """Reader, after releasing records: does the producer wait for room? (fenced after the release)"""
+    fence()
+    return load_acquire(ctl, P_WANT_ROOM) != 0
+
+
+def warm_up():
+    """Compile (or load) the kernels above before fork (workers/warmup.py)."""
+    from ipc.ring import Ring
+    buf = bytearray(Ring.size_for(1 << 12))
+    ring = Ring.create(buf, 0, 1 << 12)
+    set_want_room(ring.ctl, 1)
+    want_room(ring.ctl)
+    set_want_room(ring.ctl, 0)
+    out = np.empty(64, np.uint8)
+    pack_forward(out, b"t", np.frombuffer(b"xy", np.uint8), np.zeros(1, np.int64), np.ones(1, np.int64), 0, 0)

@@ -1,0 +1,107 @@
+"""A worker's timers: in-flight deadlines through the scanner process (timer batches, ``workers/timers.py``) and
+deferred messages through the worker's own deferred store (``workers/deferred.py``).
+
+A mixin of ``workers.worker.Worker``; it uses the worker's ``links``, ``to_scanner``, ``timers``, ``inflight``,
+``deferred``, ``channels_by_key``, ``sessions``, ``pending`` and ``loop``.
+"""
+import time
+
+import numpy as np
+
+from ipc import inflight as IF
+from workers.scanner import EXPIRED, REMOVE, RESET, START
+
+SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
+DEFER_RETRY = 0.05             # seconds before a channel whose deferred messages found no room is tried again
+
+
+class Timekeeping:
+    # ---- deferred messages -----------------------------------------------------------------------------
+    def deferred_changed(self):
+        """Deferred entries were added: make sure a loop timer fires at the earliest due time. (The scanner's
+        heaps are fixed-size and indexed by in-flight slot; deferred messages are unbounded and only their owner
+        acts on them, so their heap is the store's own, in this process, rebuilt after a crash.)"""
+        due = self.deferred.earliest()
+        if due is None or (self._deferred_at is not None and self._deferred_at <= due):
+            return
+        self._deferred_at = due
+        self.loop.call_later(max(0.0, (due - time.time_ns()) / 1e9), self._on_deferred_due)
+
+    def _on_deferred_due(self):
+        self._deferred_at = None
+        idx = self.deferred.due(time.time_ns())
+        if len(idx):
+            _, channels, _, _, _, _ = self.deferred.fields(idx)
+            orphans = []
+            for i, key in zip(idx.tolist(), channels.tolist()):
+                ch = self.channels_by_key.get(key)
+                if ch is None:
+                    orphans.append(i)  # its channel is gone (deleted while the entry was popped)
+                else:
+                    ch.due.append(i)
+                    self.pending.add(ch)
+            self.deferred.free(orphans)
+        self.deferred_changed()
+
+    def retry_later(self, ch):
+        """Deliver on ch again after DEFER_RETRY (its deferred messages found no room to wait in)."""
+        self.loop.call_later(DEFER_RETRY, ch.wants_delivery)
+
+    # ---- scanner ---------------------------------------------------------------------------------------
+    def _send_scanner(self, rtype, payload, key=None):
+        """Post a timer event. The scanner is woken only for a key due within its polling period (or when the
+        ring fills up): it drains its rings at least every MAX_SLEEP anyway, and most keys lie a message timeout
+        (>= 1 s) ahead, so waking it per delivery round would only burn a core on wake-ups."""
+        while not self.to_scanner.send(rtype, payload):
+            self.links.wake(self.links.SCANNER)
+            self.to_scanner.wait_for_room(len(payload), 0.001)
+        if key is not None and key - time.time_ns() < SCANNER_POLL_NS:
+            self.links.wake(self.links.SCANNER)
+
+    def timer_start(self, slots, key):
+        """One timer (deadline or due time `key`) for all these slots."""
+        if len(slots) == 0:
+            return
+        b = self.timers.add(slots)
+        self._send_scanner(START, np.array([b, self.timers.gen[b], key], np.int64).tobytes(), key)
+
+    def timer_start_each(self, slots, keys):
+        """A timer of its own for every slot (TOUCH, deferred messages, recovery)."""
+        rows = np.empty((len(slots), 3), np.int64)
+        for i, (slot, key) in enumerate(zip(slots, keys)):
+            b = self.timers.add([slot])
+            rows[i] = (b, self.timers.gen[b], key)
+        for k in range(0, len(rows), 65536):
+            part = rows[k:k + 65536]
+            self._send_scanner(START, part.tobytes(), int(part[:, 2].min()))
+
+    def timer_leave(self, slots):
+        empty = self.timers.leave(slots)
+        if len(empty):
+            self._send_scanner(REMOVE, np.array(empty, np.int64).tobytes())
+
+    def _on_scanner(self, rtype, payload):
+        if rtype != EXPIRED:
+            return True
+        table = self.inflight
+        for b, gen in np.frombuffer(payload, np.int64).reshape(-1, 2).tolist():
+            for slot in self.timers.expire(b, gen).tolist():
+                info = table.slot(slot)
+                ch = self.channels_by_key.get(info.channel)
+                if ch is None:
+                    table.release(slot)
+                elif info.state in (IF.IN_FLIGHT, IF.DEFERRED):
+                    ch.on_expired(slot, info, self.sessions.get(info.conn))
+        return True
+
+    def resync_scanner(self):
+        """The scanner restarted with empty heaps: post every timer this worker holds."""
+        self._send_scanner(RESET, b"")
+        self.timers.clear()
+        slots, keys = [], []
+        for slot in self.inflight.recover().tolist():
+            info = self.inflight.slot(slot)
+            if info.state in (IF.IN_FLIGHT, IF.DEFERRED):
+                slots.append(slot)
+                keys.append(info.deadline_ns)
+        self.timer_start_each(slots, keys)
