@@ -165,7 +165,9 @@ def test_stats_agree_exactly_with_what_clients_did(broker):
     assert stats["version"] == "1.3.0" and stats["health"] == "OK" and stats["start_time"] > 0
     assert set(stats["memory"]) == {"heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes",
                                     "gc_pause_usec_100", "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes",
-                                    "gc_total_runs"}
+                                    "gc_total_runs", "nsqpy_workers"}  # nsqd's keys, and nsqpy's capacities
+    assert [set(w) for w in stats["memory"]["nsqpy_workers"]] == [
+        {"in_flight", "in_flight_capacity", "channels_held_by_full_table", "deferred"}] * 2
     names = [t["topic_name"] for t in stats["topics"]]
     assert names == sorted(names) and set(topics) <= set(names)
     shown = by_topic(stats)
