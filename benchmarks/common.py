@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import platform
+import subprocess
 import sys
 import time
 
@@ -96,9 +97,30 @@ def summary_line(tool: str, result: dict) -> str:
             f"{result['ops_per_s']:.3f}ops/s - {result['us_per_op']:.3f}us/op")
 
 
+def git_commit() -> str:
+    """The checkout's commit, with "+dirty" when the tree has uncommitted changes ("" outside a git checkout)."""
+    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+    try:
+        head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
+                              check=True).stdout.strip()
+        dirty = subprocess.run(["git", "-C", root, "status", "--porcelain", "--untracked-files=no"],
+                               capture_output=True, text=True, check=True).stdout.strip()
+    except (OSError, subprocess.CalledProcessError):
+        return ""
+    return head + ("+dirty" if dirty else "")
+
+
 def environment() -> dict:
+    """What every results file records: the commit, the command, the machine and when."""
     return {"cores": CORES, "python": platform.python_version(), "machine": platform.machine(),
+            "commit": git_commit(), "command": " ".join(["python -m " + _module_name()] + sys.argv[1:]),
             "when": datetime.datetime.now(datetime.timezone.utc).strftime("%Y-%m-%dT%H:%M:%SZ")}
+
+
+def _module_name() -> str:
+    main = sys.modules.get("__main__")
+    spec = getattr(main, "__spec__", None)
+    return spec.name if spec is not None else os.path.basename(sys.argv[0])
 
 
 def emit(result: dict, out: str = "") -> None:
