@@ -2,9 +2,10 @@
 
 Theory of operation
 -------------------
-The scanner keeps two heaps, in-flight timeouts and deferred messages. Each entry is a key (a deadline in ns) and
-a handle (a small non-negative int: an in-flight slot number or a deferred-entry number). The heap arrays sit in
-shared memory so that other processes can read them (stats) and a replacement scanner finds them.
+Two users: the scanner keeps one heap per worker in shared memory for in-flight deadlines (handles are the
+worker's timer batches, ``workers/timers.py``), and each worker's deferred store keeps one in its own memory for
+due times (handles are store entries, ``workers/deferred.py``). Each entry is a key (a time in ns) and a handle
+(a small non-negative int).
 
 As in NSQ's ``in_flight_pqueue.go`` the heap is intrusive: ``pos[handle]`` holds the entry's index in the heap
 (-1 when absent), so remove(handle) and update(handle, key) are O(log n) without a search. Entries are ordered by

@@ -8,7 +8,8 @@ shared memory only so that the worker's replacement finds it after a SIGKILL: no
 Slots. A fixed array of slots, each holding one message that a channel handed out: its key (message id, channel),
 the topic, its position in the topic's log, and the per-delivery fields (connection, attempts, delivery time,
 deadline). A slot's state is FREE, IN_FLIGHT, REQUEUED (REQ 0 or a dead connection: deliver again at once) or
-DEFERRED (REQ with a delay, or waiting in the scanner's deferred heap); its ``deadline`` is the timeout for
+DEFERRED (kept for tables written before deferred messages moved to the worker's deferred store,
+``workers/deferred.py``; the broker no longer makes such slots); its ``deadline`` is the timeout for
 IN_FLIGHT and the due time for DEFERRED.
 
 The tag word. Every change of a slot is published by ONE store (``store_release``) of its tag word

@@ -25,7 +25,8 @@ is unit-tested with a small fake (``tests/workers/fakes.py``).
 
 Restart: a worker forked again after a crash (``restarted``) reads its topic directory, re-attaches and recovers
 each topic's log, recovers its in-flight table and requeues everything that was in flight at the dead process's
-connections (their clients are gone), then tells the scanner to reset its heap and re-posts the deferred timers.
+connections (their clients are gone), tells the scanner to reset its heap, and rebuilds the deferred store's
+due-time heap from its entries (``workers/recovery.py``).
 """
 import os
 import signal
