@@ -7,7 +7,8 @@ finds it again; its segments live in shared memory up to the memory budget and s
 path beyond it (none for ``#ephemeral`` topics, which drop what does not fit, as NSQ does).
 
 Memory budget: NSQ counts ``--mem-queue-size`` in messages; the log counts bytes, so the budget is
-``mem-queue-size x MEM_BYTES_PER_MESSAGE`` rounded up to whole segments (at least one segment).
+``mem-queue-size x MEM_BYTES_PER_MESSAGE`` rounded up to whole segments (at least two: the head is
+always inside the newest one, so a log of one segment could never turn over).
 """
 import errno
 import hashlib
