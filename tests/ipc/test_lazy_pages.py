@@ -12,17 +12,15 @@ import errno
 import json
 import mmap
 import os
-import pathlib
 import random
-import shutil
 import signal
-import subprocess
-import sys
 import textwrap
 import time
 
 import numpy as np
 import pytest
+
+from tests.private_tmpfs import run_with_tmpfs
 
 from _fork import fork, wait
 from ipc import inflight as inf, ring as ring_mod
@@ -596,21 +594,8 @@ FULL_SCRIPT = textwrap.dedent("""
 
 
 def test_a_full_dev_shm_is_a_full_ring_and_a_full_table_never_sigbus(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs in a private mount namespace needs root")
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare(1) is not installed")
-    script = tmp_path / "inside.py"
-    script.write_text(FULL_SCRIPT)
-    shell = f"mount -t tmpfs -o size=4m tmpfs /dev/shm && exec {sys.executable} {script}"
-    root = str(pathlib.Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
-                          capture_output=True, text=True, timeout=300, env=env)
-    if proc.returncode != 0 and "mount" in proc.stderr and "Traceback" not in proc.stderr:
-        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {proc.stderr.strip()}")
+    proc, got = run_with_tmpfs(tmp_path, FULL_SCRIPT, {"/dev/shm": "4m"})
     assert proc.returncode == 0, f"exit {proc.returncode} (-7: SIGBUS): {proc.stderr}"
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
     assert got["intact"] and got["sent"] < 40, got           # the ring stopped at the tmpfs, not at its 4 MiB
     assert got["started"] < 5000 and got["full"] == 5000 - got["started"], got
     assert got["heap_error"] and "No space left on device" in got["heap_error"], got

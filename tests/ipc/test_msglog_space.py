@@ -5,17 +5,14 @@ Space failures are made by wrapping the real providers (``Refusing``: create/res
 and for real at the end: in a private mount namespace with an 8 MiB tmpfs over /dev/shm and another as the data
 directory (root only)."""
 import errno
-import json
 import mmap
 import os
-import pathlib
-import shutil
-import subprocess
-import sys
 import textwrap
 
 import numpy as np
 import pytest
+
+from tests.private_tmpfs import run_with_tmpfs
 
 import ipc.shm
 from ipc import msglog_kernels as K
@@ -334,24 +331,10 @@ NAMESPACE_SCRIPT = textwrap.dedent("""
 
 
 def test_real_enospc_in_a_tiny_dev_shm_and_data_directory(tmp_path):
-    if os.geteuid() != 0:
-        pytest.skip("mounting a tmpfs in a private mount namespace needs root")
-    if shutil.which("unshare") is None:
-        pytest.skip("unshare(1) is not installed")
     data = tmp_path / "data"
     data.mkdir()
-    script = tmp_path / "inside.py"
-    script.write_text(NAMESPACE_SCRIPT)
-    shell = (f"mount -t tmpfs -o size=8m tmpfs /dev/shm && mount -t tmpfs -o size=8m tmpfs {data} && "
-             f"exec {sys.executable} {script} {data}")
-    root = str(pathlib.Path(__file__).resolve().parents[2])
-    env = dict(os.environ, PYTHONPATH=os.pathsep.join(filter(None, [root, os.environ.get("PYTHONPATH")])))
-    proc = subprocess.run(["unshare", "--mount", "--propagation", "private", "sh", "-c", shell],
-                          capture_output=True, text=True, timeout=300, env=env)
-    if proc.returncode != 0 and "mount" in proc.stderr and "Traceback" not in proc.stderr:
-        pytest.skip(f"cannot mount a tmpfs in a private namespace here: {proc.stderr.strip()}")
+    proc, got = run_with_tmpfs(tmp_path, NAMESPACE_SCRIPT, {"/dev/shm": "8m", data: "8m"}, [data])
     assert proc.returncode == 0, proc.stderr
-    got = json.loads(proc.stdout.strip().splitlines()[-1])
     tiers = [t for _, t in got["tiers"]]
     # both 8 MiB filesystems filled (less the headers and what sealed segments left unused)
     assert tiers.count(0) >= 5 and tiers.count(1) >= 5, got
