@@ -40,6 +40,12 @@ NO_STOP = np.iinfo(np.int64).max
 _FAIL_TEXT = {IF.ST_NOT_OWNER: "client does not own message"}
 
 
+def _round_size(frames, at_least):
+    """How many of these frame sizes (in order) fit one round's MAX_ROUND_BYTES, but at least `at_least` (a
+    message bigger than a round goes alone)."""
+    return max(int(np.searchsorted(np.cumsum(frames), MAX_ROUND_BYTES, side="right")), at_least)
+
+
 def _fail_text(status):
     return _FAIL_TEXT.get(status, "ID not in flight")
 
@@ -212,8 +218,7 @@ class Channel:
         frames = np.zeros(want, np.int64)
         if live.any():
             frames[live] = self.topic.log.records_at(pos[live]).lengths[:int(live.sum())] + FRAME_OVERHEAD
-        total = np.cumsum(frames)
-        take = max(int(np.searchsorted(total, MAX_ROUND_BYTES, side="right")), int(np.argmax(live)) + 1)
+        take = _round_size(frames, int(np.argmax(live)) + 1)
         taken = []
         for _ in range(min(take, want)):
             slot = self.requeued.popleft()
@@ -247,7 +252,7 @@ class Channel:
         idx = np.fromiter(itertools.islice(self.due, want), np.int64, want)
         _, _, ids, pos, att, _ = store.fields(idx)
         lengths = self.topic.log.records_at(pos).lengths[:want] + FRAME_OVERHEAD
-        take = max(1, int(np.searchsorted(np.cumsum(lengths), MAX_ROUND_BYTES, side="right")))
+        take = _round_size(lengths, 1)
         idx, ids, pos, att = idx[:take], ids[:take], pos[:take], att[:take] + 1
         table = self.worker.inflight
         slots = self._slots[:take] if take <= ROUND else np.empty(take, np.int64)

@@ -270,5 +270,6 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery):
             return True
         return not self.links.prepare_sleep(self.index, self._inputs_empty)
 
+
 def worker_main(plan, index, restarted, ready_fd, log):
     Worker(plan, index, restarted, log).run(ready_fd)

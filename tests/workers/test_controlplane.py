@@ -15,6 +15,7 @@ publishes acknowledged while the owner was stopped are all delivered after it wa
 """
 from __future__ import annotations
 
+import contextlib
 import json
 import os
 import re
@@ -247,21 +248,26 @@ def test_a_full_ring_makes_a_publish_wait_until_the_owner_drains(broker_factory)
     assert read_bodies(b.address, topic, len(want)) == want
 
 
+@contextlib.contextmanager
+def stopped_then_killed(pid):
+    """SIGSTOP pid for the block; SIGKILL it when the block succeeds (its replacement takes over), else let it
+    run on (SIGCONT) so the broker can stop cleanly."""
+    os.kill(pid, signal.SIGSTOP)
+    try:
+        yield
+    except BaseException:
+        os.kill(pid, signal.SIGCONT)
+        raise
+    os.kill(pid, signal.SIGKILL)
+
+
 def test_a_command_to_a_stopped_owner_times_out_and_its_replacement_answers(broker_factory):
     b = broker_factory()
     topic = owned_by(1, b.workers)
-    owner = b.worker_pid(1)
-    killed = False
-    os.kill(owner, signal.SIGSTOP)
-    try:
+    with stopped_then_killed(b.worker_pid(1)):  # with both commands in its ring, unanswered
         assert b.ask("command", name="topic_create", topic=topic, within=1.0) == {"status": TIMEOUT}
         owner_seq = b.ask("send_command", name="channel_create", topic=topic, channel="ch", within=5)["sent"]
         assert owner_seq[0] == 1
-        os.kill(owner, signal.SIGKILL)  # with both commands in its ring, unanswered
-        killed = True
-    finally:
-        if not killed:
-            os.kill(owner, signal.SIGCONT)
     assert b.ask("await_reply", owner=1, seq=owner_seq[1], within=60) == {"status": CMD.OK}
     assert b.ask("command", name="channel_delete", topic=topic, channel="nope",
                  within=30) == {"status": CMD.CHANNEL_NOT_FOUND}  # its own answer, not a late one
@@ -272,17 +278,9 @@ def test_a_command_to_a_stopped_owner_times_out_and_its_replacement_answers(brok
 def test_publishes_acknowledged_before_the_owner_is_killed_are_delivered(broker_factory):
     b = broker_factory()
     topic = owned_by(1, b.workers)
-    owner = b.worker_pid(1)
-    killed = False
-    os.kill(owner, signal.SIGSTOP)
-    try:
+    with stopped_then_killed(b.worker_pid(1)):
         for k in range(20):
             assert b.ask("publish", topic=topic, bodies=hexes(b"m%d" % k)) == {"ok": True}
-        os.kill(owner, signal.SIGKILL)
-        killed = True
-    finally:
-        if not killed:
-            os.kill(owner, signal.SIGCONT)
     assert read_bodies(b.address, topic, 20) == [b"m%d" % k for k in range(20)]
 
 
