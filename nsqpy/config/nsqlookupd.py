@@ -6,7 +6,7 @@ from typing import ClassVar
 
 from .common import DaemonOptions, hostname
 from .duration import MINUTE, SECOND
-from .kinds import Duration, Str
+from .kinds import Duration, Int, Str
 from .options import option
 
 
@@ -22,3 +22,7 @@ class NsqlookupdOptions(DaemonOptions):
     inactive_producer_timeout: int = option(Duration(), 5 * MINUTE, "time since its last ping after which an "
                                             "nsqd is no longer listed")
     tombstone_lifetime: int = option(Duration(), 45 * SECOND, "time a tombstoned producer stays hidden")
+
+    # nsqpy's own options: not in NSQ; each help says so.
+    http_workers: int = option(Int(1, 64), 2, "nsqpy only: gunicorn worker processes serving the HTTP API (they "
+                               "all read the one registration database of the registry process)", nsqpy_only=True)

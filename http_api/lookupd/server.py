@@ -1,0 +1,125 @@
+"""gunicorn, run programmatically in nsqlookupd's "http" child, serving ``http_api.lookupd.app``.
+
+The listening socket is bound by the ``nsqlookupd`` supervisor (so port 0 is known before anything forks and a
+restarted arbiter serves the same port); the arbiter gets it as a ready listener. Each sync worker holds one
+``RemoteQueries`` connection to the registry process (made lazily after fork). gunicorn's own log lines go
+through nsqpy's logger in NSQ's format (its chatter as DEBUG); there is no access log, the app logs each request
+as nsqlookupd does. NOTIFY_SOCKET is removed from the environment first: under systemd, gunicorn would otherwise
+tell systemd "READY" on behalf of the whole daemon, which is the supervisor's job.
+
+Workers die with the arbiter (PR_SET_PDEATHSIG), so a SIGKILLed arbiter leaves no orphan serving stale sockets.
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import signal
+
+from gunicorn import glogging
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from gunicorn.sock import TCP6Socket, TCPSocket
+
+__all__ = ["serve", "LookupdGunicorn"]
+
+GRACEFUL = 5          # seconds gunicorn's workers get to finish their requests at shutdown
+_PR_SET_PDEATHSIG = 1
+
+
+class _Log(glogging.Logger):
+    """gunicorn's logger, writing through nsqpy's (one write per line, NSQ's format)."""
+
+    nsq_log = None
+
+    def setup(self, cfg):
+        pass
+
+    def _say(self, level, msg, args):
+        try:
+            text = msg % args if args else str(msg)
+        except (TypeError, ValueError):
+            text = f"{msg} {args}"
+        self.nsq_log.log(level, f"HTTP: {text}")
+
+    def critical(self, msg, *args, **kwargs):
+        self._say(4, msg, args)
+
+    def error(self, msg, *args, **kwargs):
+        self._say(4, msg, args)
+
+    def exception(self, msg, *args, **kwargs):
+        import traceback
+        self._say(4, f"{msg}\n{traceback.format_exc().strip()}", args)
+
+    def warning(self, msg, *args, **kwargs):
+        self._say(3, msg, args)
+
+    def info(self, msg, *args, **kwargs):
+        self._say(1, msg, args)
+
+    def debug(self, msg, *args, **kwargs):
+        self._say(1, msg, args)
+
+    def log(self, lvl, msg, *args, **kwargs):
+        self._say(1, msg, args)
+
+    def access(self, resp, req, environ, request_time):
+        pass
+
+    def reopen_files(self):
+        pass
+
+    def close_on_exec(self):
+        pass
+
+
+def _die_with_parent():
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+
+
+class LookupdGunicorn(BaseApplication):
+    def __init__(self, sock, query_address, workers, ready_fd, log):
+        self.sock = sock
+        self.query_address = query_address
+        self.n_workers = max(1, workers)
+        self.ready_fd = ready_fd
+        self.nsq_log = log
+        _Log.nsq_log = log
+        super().__init__()
+
+    def load_config(self):
+        ready_fd = self.ready_fd
+
+        def post_fork(arbiter, worker):  # in the new worker
+            _die_with_parent()
+            if os.getppid() != arbiter.pid:
+                os._exit(1)  # the arbiter died before the death signal was armed
+
+        def when_ready(arbiter):
+            os.write(ready_fd, b"h")
+
+        settings = {"workers": self.n_workers, "worker_class": "sync", "timeout": 60, "graceful_timeout": GRACEFUL,
+                    "logger_class": _Log, "proc_name": "nsqlookupd-http", "post_fork": post_fork,
+                    "when_ready": when_ready, "accesslog": None, "control_socket_disable": True}
+        for key, value in settings.items():
+            if key in self.cfg.settings:
+                self.cfg.set(key, value)
+
+    def load(self):
+        from http_api.lookupd.app import create_app
+        from nsqpy.lookupd.queries import RemoteQueries
+        return create_app(RemoteQueries(self.query_address), self.nsq_log)
+
+    def run(self):
+        os.environ.pop("NOTIFY_SOCKET", None)
+        arbiter = Arbiter(self)
+        fd = os.dup(self.sock.fileno())  # gunicorn closes the fd it is given
+        cls = TCP6Socket if self.sock.family == TCP6Socket.FAMILY else TCPSocket
+        arbiter.LISTENERS = [cls(self.sock.getsockname(), self.cfg, arbiter.log, fd=fd)]
+        arbiter.run()
+
+
+def serve(sock, query_address: str, workers: int, ready_fd: int, log) -> None:
+    """Run gunicorn's arbiter in this process on the bound ``sock`` until it stops (SIGTERM: gracefully);
+    ``ready_fd`` gets one byte once the arbiter is up."""
+    LookupdGunicorn(sock, query_address, workers, ready_fd, log).run()

@@ -1,0 +1,148 @@
+"""The ``nsqlookupd`` command: NSQ's discovery daemon, started with NSQ's flags.
+
+    nsqlookupd --tcp-address=0.0.0.0:4160 --http-address=0.0.0.0:4161 [--broadcast-address=...]
+
+Processes (under ``workers.supervisor``, the broker's supervisor: restarts with back-off, TERM -> deadline ->
+KILL):
+
+    supervisor   parses the options, binds the TCP and HTTP listeners and the registry's unix socket (abstract
+                 namespace: nothing on disk), forks the two children, prints NSQ's listening lines once both
+                 reported ready
+    registry     owns the registration database; serves V1 to nsqd nodes and the HTTP workers' queries
+                 (nsqpy/lookupd/registry.py)
+    http         gunicorn's arbiter and its ``--http-workers`` sync workers running the Falcon app
+                 (http_api/lookupd/); each request is answered from the registry, so every worker sees the
+                 same registrations
+
+Why this split: one owner makes consistency trivial (every read and write is one step of one event loop), and
+HTTP scales by workers that hold no state. The cost is one unix-socket round trip per HTTP request (measured in
+benchmarks/results/lookupd_bench.json, see ARCHITECTURE.md "nsqlookupd").
+"""
+from __future__ import annotations
+
+import ctypes
+import os
+import platform
+import secrets
+import signal
+import socket
+import sys
+
+from nsqpy.config.nsqlookupd import NsqlookupdOptions
+from nsqpy.config.support import check_support
+from nsqpy.log import Logger
+from nsqpy.lookupd.queries import NSQ_VERSION
+
+__all__ = ["main", "version_string"]
+
+_PR_SET_PDEATHSIG = 1
+
+
+def version_string() -> str:
+    return (f"nsqlookupd v{NSQ_VERSION}-nsqpy (built w/{platform.python_implementation().lower()}"
+            f"{platform.python_version()})")
+
+
+def _bind(address: str) -> socket.socket:
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def _shown(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def die_with_parent(parent: int, sig=signal.SIGTERM):
+    """PR_SET_PDEATHSIG: a child gets ``sig`` when the supervisor dies (killed by a signal it cannot trap), so
+    no orphaned registry or HTTP server keeps answering for a daemon that is gone."""
+    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
+    if os.getppid() != parent:
+        os._exit(0)  # the supervisor died before the death signal was armed
+
+
+def _registry_child(opts, tcp, http, query, hostname, log):
+    supervisor = os.getpid()
+
+    def run(restarted, ready_fd):
+        from nsqpy.lookupd.registry import registry_main
+        die_with_parent(supervisor)
+        ports = tcp.getsockname()[1], http.getsockname()[1]  # IDENTIFY's reply names both
+        http.close()
+        registry_main(opts, tcp, query, *ports, hostname, ready_fd, log)
+    return run
+
+
+def _http_child(opts, tcp, http, query, query_address, log):
+    supervisor = os.getpid()
+
+    def run(restarted, ready_fd):
+        from http_api.lookupd.server import serve
+        die_with_parent(supervisor)  # the arbiter stops its workers gracefully on SIGTERM
+        tcp.close()
+        query.close()
+        serve(http, query_address, opts.http_workers, ready_fd, log)
+    return run
+
+
+def main(argv=None) -> int:
+    from workers.supervisor import Supervisor  # the broker's supervisor serves here too
+
+    opts = NsqlookupdOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqlookupd")
+    if opts.version:
+        print(version_string())
+        return 0
+    log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    support = check_support(opts)
+    for line in support.refusals:
+        log.fatal(line)
+    if support.refusals:
+        return 1
+    sup = Supervisor(log)
+    sup.trap_stop_signals()
+    log.info(version_string())
+    for line in support.warnings:
+        log.warn(line)
+    for line in support.notes:
+        log.info(line)
+    listeners = []
+    try:
+        for address in (opts.tcp_address, opts.http_address):
+            try:
+                listeners.append(_bind(address))
+            except (OSError, ValueError) as e:  # ValueError: a port that is not a number
+                log.fatal(f"listen ({address}) failed - {e}")
+                return 1
+        tcp, http = listeners
+        query = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
+        listeners.append(query)
+        query_address = f"\0nsqpy-lookupd-{os.getpid()}-{secrets.token_hex(6)}"  # abstract: no file to remove
+        query.bind(query_address)
+        query.listen(128)
+        hostname = socket.gethostname()
+        sup.add("registry", _registry_child(opts, tcp, http, query, hostname, log))
+        sup.add("http", _http_child(opts, tcp, http, query, query_address, log))
+        sup.start()
+        if not sup.wait_ready():
+            log.fatal("a process failed to start")
+            sup.shutdown()
+            return 1
+        log.info(f"TCP: listening on {_shown(tcp)}")
+        log.info(f"HTTP: listening on {_shown(http)}")
+        return sup.run()
+    finally:
+        for sock in listeners:
+            sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
