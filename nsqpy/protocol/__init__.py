@@ -8,14 +8,29 @@ Modules, by noun: `errors` (wire error codes), `frames` (server frames), `ids` (
 Importing this package compiles nothing: numba kernels compile (or load from cache) on first use.
 """
 
-from nsqpy.protocol.commands import (
-    Auth, Cls, Command, Dpub, Fin, FinBatch, Identify, Mpub, Nop, Pub, Rdy, Req, Sub, Touch)
-from nsqpy.protocol.errors import DropConnection, ProtocolError
-from nsqpy.protocol.identify import ClientSettings, ServerSettings, negotiate_identify
-from nsqpy.protocol.v2_parser import Limits, V2Parser, iter_commands
+# Names resolve on first use (PEP 562), so `import nsqpy.protocol.client` or `.errors` does not pull in the parser
+# and its numba kernels: the client library (nsqpy.client) must import without numba.
+_EXPORTS = {
+    "nsqpy.protocol.commands": (
+        "Auth", "Cls", "Command", "Dpub", "Fin", "FinBatch", "Identify", "Mpub", "Nop", "Pub", "Rdy", "Req", "Sub",
+        "Touch"),
+    "nsqpy.protocol.errors": ("DropConnection", "ProtocolError"),
+    "nsqpy.protocol.identify": ("ClientSettings", "ServerSettings", "negotiate_identify"),
+    "nsqpy.protocol.v2_parser": ("Limits", "V2Parser", "iter_commands"),
+}
+_WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 
-__all__ = [
-    "Auth", "Cls", "Command", "Dpub", "Fin", "FinBatch", "Identify", "Mpub", "Nop", "Pub", "Rdy", "Req", "Sub",
-    "Touch", "DropConnection", "ProtocolError", "ClientSettings", "ServerSettings", "negotiate_identify",
-    "Limits", "V2Parser", "iter_commands",
-]
+__all__ = [name for names in _EXPORTS.values() for name in names]
+
+
+def __getattr__(name: str):
+    import importlib
+    module = _WHERE.get(name)
+    if module is None:  # `nsqpy.protocol.v2_parser` after a bare `import nsqpy.protocol`, as before the lazy names
+        try:
+            return importlib.import_module(f"{__name__}.{name}")
+        except ModuleNotFoundError:
+            raise AttributeError(f"module {__name__!r} has no attribute {name!r}") from None
+    value = getattr(importlib.import_module(module), name)
+    globals()[name] = value  # later lookups skip __getattr__
+    return value

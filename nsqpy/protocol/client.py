@@ -9,14 +9,16 @@ from __future__ import annotations
 import json
 import struct
 from dataclasses import dataclass, field
-from typing import Iterable
+from typing import TYPE_CHECKING, Iterable
 
-import numpy as np
-
-from nsqpy.protocol import kernels
 from nsqpy.protocol.frames import MESSAGE_HEADER_SIZE
-from nsqpy.protocol.v2_bodies import u8_view
-from nsqpy.protocol.v2_parser import MAGIC_V2
+
+if TYPE_CHECKING:
+    import numpy as np
+
+# numpy and the numba kernels load only in decode_message_batch: nsqpy.client imports this module and must stay
+# free of numba. MAGIC_V2 is v2_parser's constant, repeated here for the same reason (a test checks they agree).
+MAGIC_V2 = b"  V2"
 
 __all__ = [
     "magic", "identify", "auth", "sub", "pub", "mpub", "dpub", "rdy", "fin", "req", "touch", "cls", "nop",
@@ -173,6 +175,9 @@ class MessageBatch:
 
 def decode_message_batch(buffer: bytes, start: int = 0, max_frame_size: int = 64 << 20) -> MessageBatch:
     """Decode the run of message frames at `buffer[start:]` in one kernel call (the benchmark reader's path)."""
+    import numpy as np
+    from nsqpy.protocol import kernels
+    from nsqpy.protocol.v2_bodies import u8_view
     cap = (len(buffer) - start) // (8 + MESSAGE_HEADER_SIZE) + 1
     ts = np.empty(cap, dtype=np.int64)
     attempts = np.empty(cap, dtype=np.int64)

@@ -12,8 +12,6 @@ from __future__ import annotations
 
 import struct
 
-from nsqpy.protocol import kernels
-
 __all__ = [
     "FRAME_RESPONSE", "FRAME_ERROR", "FRAME_MESSAGE", "FRAME_HEADER_SIZE", "MESSAGE_HEADER_SIZE", "MSG_ID_LENGTH",
     "encode_frame", "response_frame", "message_frame", "message_frame_size",
@@ -69,4 +67,5 @@ def frame_message_batch(out, out_pos: int, timestamps, attempts, ids, src, offse
     `src[offsets[i] : offsets[i] + lengths[i]]` where `src` is a uint8 array. Returns the bytes written, or -1
     with nothing written when `out` lacks room (see `message_frame_size`).
     """
+    from nsqpy.protocol import kernels  # here, not at the top: this module must import without numba (client)
     return kernels.frame_messages(out, out_pos, timestamps, attempts, ids, src, offsets, lengths)

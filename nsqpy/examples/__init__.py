@@ -1,0 +1,1 @@
+"""Runnable examples of nsqpy's client (`python -m nsqpy.examples.<name> --help`)."""

@@ -1,0 +1,139 @@
+"""What the utilities share: NSQ's flag spellings, `--consumer-opt`/`--producer-opt`, the nsqd-or-lookupd rule,
+running several consumers until SIGINT/SIGTERM, and the periodic status line.
+
+NSQ's tools are Go programs, so their users type `-topic=x` as often as `--topic=x`; `normalize_argv` turns a
+single-dash long flag into the double-dash form argparse knows (single letters such as `-n` stay as they are).
+"""
+
+from __future__ import annotations
+
+import argparse
+import dataclasses
+import logging
+import signal
+import sys
+import threading
+import time
+
+from nsqpy.client import Config, Consumer
+from nsqpy.config.duration import SECOND, parse_duration
+
+__all__ = ["normalize_argv", "duration", "add_consumer_flags", "consumer_options", "producer_options",
+           "run_consumers", "Status", "fail"]
+
+log = logging.getLogger("nsqpy.tools")
+
+
+def normalize_argv(argv):
+    out = []
+    for arg in argv:
+        if arg.startswith("-") and not arg.startswith("--") and len(arg.split("=", 1)[0]) > 2:
+            arg = "-" + arg
+        out.append(arg)
+    return out
+
+
+def duration(text: str) -> float:
+    """Go duration text ("2s", "1m") -> seconds; a bare number is seconds."""
+    try:
+        return float(text)
+    except ValueError:
+        pass
+    try:
+        return parse_duration(text) / SECOND
+    except ValueError as err:
+        raise argparse.ArgumentTypeError(str(err)) from None
+
+
+def fail(parser: argparse.ArgumentParser, message: str):
+    parser.error(message)
+
+
+def add_consumer_flags(p: argparse.ArgumentParser, channel_default: str | None, topics_repeatable=True) -> None:
+    p.add_argument("--topic", action="append", default=[], help="NSQ topic" + (" (may be given multiple times)"
+                                                                                if topics_repeatable else ""))
+    p.add_argument("--channel", default=channel_default, help="NSQ channel")
+    p.add_argument("--nsqd-tcp-address", action="append", default=[], help="nsqd TCP address (may be given "
+                   "multiple times)")
+    p.add_argument("--lookupd-http-address", action="append", default=[], help="lookupd HTTP address (may be "
+                   "given multiple times)")
+    p.add_argument("--max-in-flight", type=int, default=200, help="max number of messages to allow in flight")
+    p.add_argument("--consumer-opt", action="append", default=[], metavar="KEY,VALUE",
+                   help="option to pass through to the consumer (may be given multiple times)")
+
+
+def check_sources(p: argparse.ArgumentParser, args) -> None:
+    if not args.topic:
+        fail(p, "--topic is required")
+    if bool(args.nsqd_tcp_address) == bool(args.lookupd_http_address):
+        fail(p, "use --nsqd-tcp-address or --lookupd-http-address, not both (and one is required)")
+
+
+def _options(p, pairs, base: dict) -> dict:
+    kinds = {f.name: f for f in dataclasses.fields(Config)}
+    out = dict(base)
+    for pair in pairs:
+        key, sep, value = pair.partition(",")
+        key = key.strip().replace("-", "_")
+        if not sep or key not in kinds:
+            fail(p, f"unknown or malformed option {pair!r} (known: {', '.join(sorted(kinds))})")
+        default = kinds[key].default
+        if isinstance(default, bool):
+            out[key] = value.lower() in ("1", "true", "t", "yes")
+        elif isinstance(default, float):
+            out[key] = duration(value)
+        elif isinstance(default, int):
+            out[key] = int(value)
+        else:
+            out[key] = value
+    return out
+
+
+def consumer_options(p, args) -> dict:
+    return _options(p, args.consumer_opt, {"max_in_flight": args.max_in_flight})
+
+
+def producer_options(p, args) -> dict:
+    return _options(p, getattr(args, "producer_opt", []), {})
+
+
+def run_consumers(consumers: list[Consumer], stop: threading.Event) -> None:
+    """Start them, wait for `stop` (set by SIGINT/SIGTERM or by the tool), then stop them gracefully."""
+    previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
+    try:
+        for c in consumers:
+            c.start()
+        while not stop.wait(0.2):   # wakes the main thread so Python runs signal handlers promptly
+            pass
+    finally:
+        for sig, handler in previous.items():
+            signal.signal(sig, handler)
+        for c in consumers:
+            c.stop()
+
+
+class Status:
+    """`[name] <n> messages, <rate>/s (total <t>)` on stderr every `every` messages (0: never)."""
+
+    def __init__(self, name: str, every: int):
+        self.name, self.every = name, every
+        self.total = 0
+        self._lock = threading.Lock()
+        self._since = time.monotonic()
+        self._count = 0
+
+    def tick(self, n: int = 1) -> None:
+        with self._lock:
+            self.total += n
+            self._count += n
+            if self.every and self._count >= self.every:
+                now = time.monotonic()
+                rate = self._count / max(now - self._since, 1e-9)
+                print(f"[{self.name}] {self._count} messages, {rate:.1f}/s (total {self.total})", file=sys.stderr,
+                      flush=True)
+                self._since, self._count = now, 0
+
+
+def setup_logging(level: str = "info") -> None:
+    logging.basicConfig(level=getattr(logging, level.upper(), logging.INFO), stream=sys.stderr,
+                        format="%(asctime)s %(levelname)s: %(message)s")

@@ -1,0 +1,97 @@
+"""nsq_to_nsq: relay topics from one set of nsqds to another, optionally filtering JSON messages.
+
+A message is FINed only after the destination acknowledged the PUB (a failed PUB raises, so the message is
+requeued). With --require-json-field, a message that is not a JSON object holding that field (equal to
+--require-json-value when given) is FINed without being relayed; --whitelist-json-field keeps only the listed
+fields.
+"""
+
+from __future__ import annotations
+
+import argparse
+import itertools
+import json
+import sys
+import threading
+
+from nsqpy.client import Consumer, Producer
+from nsqpy.tools.common import (Status, add_consumer_flags, check_sources, consumer_options, fail, normalize_argv,
+                                producer_options, run_consumers, setup_logging)
+
+
+def filtered(body: bytes, args) -> bytes | None:
+    """The body to relay, or None to drop it."""
+    if not args.require_json_field and not args.whitelist_json_field:
+        return body
+    try:
+        doc = json.loads(body)
+    except ValueError:
+        return None if args.require_json_field else body
+    if not isinstance(doc, dict):
+        return None if args.require_json_field else body
+    if args.require_json_field:
+        if args.require_json_field not in doc:
+            return None
+        if args.require_json_value and str(doc[args.require_json_field]) != args.require_json_value:
+            return None
+    if args.whitelist_json_field:
+        doc = {k: v for k, v in doc.items() if k in args.whitelist_json_field}
+        return json.dumps(doc, separators=(",", ":")).encode()
+    return body
+
+
+def main(argv=None) -> int:
+    p = argparse.ArgumentParser(prog="nsq_to_nsq", description=__doc__)
+    add_consumer_flags(p, channel_default="nsq_to_nsq")
+    p.add_argument("--destination-nsqd-tcp-address", action="append", default=[],
+                   help="destination nsqd TCP address (may be given multiple times)")
+    p.add_argument("--destination-topic", default="", help="destination topic (default: the source topic)")
+    p.add_argument("--mode", default="hostpool", choices=["round-robin", "hostpool", "epsilon-greedy"])
+    p.add_argument("--require-json-field", default="")
+    p.add_argument("--require-json-value", default="")
+    p.add_argument("--whitelist-json-field", action="append", default=[])
+    p.add_argument("--status-every", type=int, default=250)
+    p.add_argument("--producer-opt", action="append", default=[], metavar="KEY,VALUE")
+    args = p.parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
+    setup_logging()
+    check_sources(p, args)
+    if not args.destination_nsqd_tcp_address:
+        fail(p, "--destination-nsqd-tcp-address is required")
+    if args.require_json_value and not args.require_json_field:
+        fail(p, "--require-json-value needs --require-json-field")
+    options = producer_options(p, args)
+    if args.mode == "round-robin":    # one producer per destination, used in turn
+        producers = [Producer([a], **options) for a in args.destination_nsqd_tcp_address]
+    else:                             # one producer failing over along the list (hostpool)
+        producers = [Producer(args.destination_nsqd_tcp_address, **options)]
+    turn = itertools.cycle(producers)
+    lock = threading.Lock()
+    status = Status("nsq_to_nsq", args.status_every)
+
+    def handler_for(topic):
+        destination = args.destination_topic or topic
+
+        def handle(message):
+            body = filtered(message.body, args)
+            if body is None:
+                return
+            with lock:
+                producer = next(turn)
+            producer.publish(destination, body)
+            status.tick()
+        return handle
+
+    consumers = [Consumer(t, args.channel, handler_for(t), nsqd_tcp_addresses=args.nsqd_tcp_address,
+                          lookupd_http_addresses=args.lookupd_http_address, concurrency=4,
+                          **consumer_options(p, args)) for t in args.topic]
+    try:
+        run_consumers(consumers, threading.Event())
+    finally:
+        for producer in producers:
+            producer.close()
+    print(f"[nsq_to_nsq] relayed {status.total} messages", file=sys.stderr)
+    return 0
+
+
+if __name__ == "__main__":
+    sys.exit(main())
