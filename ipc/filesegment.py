@@ -98,8 +98,12 @@ class FileSegment(MappedPayload):
             os.close(fd)
 
     def unlink(self) -> None:
+        self.unlink_path(self.path)
+
+    @staticmethod
+    def unlink_path(path: str) -> None:
         try:
-            os.unlink(self.path)
+            os.unlink(path)
         except FileNotFoundError:
             pass
 
@@ -130,3 +134,15 @@ class FileSegmentProvider(SegmentProvider):
             os.unlink(self.name(k))
         except FileNotFoundError:
             pass
+
+    def sync(self, k: int) -> None:
+        """fdatasync segment k: the pages the log wrote through its mapping reach the disk (they are the file's
+        page cache). A segment already gone (reclaimed) needs nothing."""
+        try:
+            fd = self._fd(k)
+        except SegmentError:
+            return
+        try:
+            os.fdatasync(fd)
+        finally:
+            os.close(fd)

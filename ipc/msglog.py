@@ -305,6 +305,17 @@ class MessageLog(LogCounters):
         self._count = [sum(1 for _, t in self.segments() if t == tier) for tier in (TIER_MEM, TIER_DISK)]
         return head
 
+    def sync(self, since_segment: int) -> int:
+        """fdatasync the disk-tier segments from ``since_segment`` to the head's (what was appended since the
+        last sync lies there); -> the head's segment, for the next call. Memory-tier segments need nothing."""
+        head_seg = self.head // self.segment_size
+        disk = self._providers[TIER_DISK]
+        if disk is not None:
+            for k, tier in self.segments():
+                if tier == TIER_DISK and since_segment <= k <= head_seg:
+                    disk.sync(k)
+        return head_seg
+
     def close(self) -> None:
         """Unmap everything; the segments stay for the next owner."""
         if self.window is not None:
@@ -556,6 +567,26 @@ class MessageLog(LogCounters):
         self._check(int(status), "copy_forward")
         return out
 
+    def append_private(self, ch: int, src, offsets, lengths, timestamps, ids, attempts, not_before,
+                       parked: bool = False) -> np.ndarray:
+        """Append new records private to channel ch (bodies src[offsets[i]:offsets[i]+lengths[i]], each with its
+        own timestamp, id, attempts and not_before; int64 arrays): messages only that channel still needs, as a
+        restart reads them from its on-disk queue. Returns their positions; all or nothing; raises LogFull or
+        LogNoSpace as append_batch does."""
+        n = len(lengths)
+        out = np.zeros(n, dtype=np.int64)
+        args = (ch, src, offsets, lengths, timestamps, ids, attempts, not_before, parked, n, out)
+        w = self.window
+        status = K.append_private(self.ctrl, w.data, w.data64, *args)
+        if status == NEED_SEGMENT:
+            self._ensure(lambda head: int(K.plan_batch(self.ctrl, head, lengths, n)))
+            w = self.window
+            status = K.append_private(self.ctrl, w.data, w.data64, *args)
+        if status == NO_CHANNEL:
+            raise LogError(f"channel slot {ch} is not open")
+        self._check(int(status), "append_private")
+        return out
+
     # channels ---------------------------------------------------------------------------------------------
     def open_channel(self) -> int:
         """Take a channel slot (first channel: the backlog; later: from the head)."""
@@ -603,6 +634,16 @@ class MessageLog(LogCounters):
         if passed == BAD_POSITION:
             raise ValueError(f"position {position} is not a record boundary between the cursor and the head")
         return passed
+
+    def rewind(self, ch: int, position: int) -> bool:
+        """Move ch's cursor back to position (a retained record boundary): what lies after is delivered again.
+        -> False when position is not before the cursor."""
+        done = int(K.rewind(self.ctrl, self.window.data64, ch, position))
+        if done == NO_CHANNEL:
+            raise LogError(f"channel slot {ch} is not open")
+        if done == BAD_POSITION:
+            raise ValueError(f"position {position} is not a retained record boundary")
+        return done == 1
 
     def records_at(self, positions) -> ReadBatch:
         """Header fields of the records at positions (held in flight or deferred by the broker)."""

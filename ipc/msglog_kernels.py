@@ -279,6 +279,46 @@ def append_batch(ctrl, data, data64, src, offsets, lengths, timestamps, ids, not
 
 
 @njit(**KERNEL)
+def append_private(ctrl, data, data64, ch, src, offsets, lengths, timestamps, ids, attempts, not_before, parked, n,
+                   out_pos):
+    """Append n new records private to channel ch (as ``copy_forward`` makes them, but from bodies in src, with
+    their own timestamps, ids and attempts): what a restart brings back from a channel's on-disk queue. All or
+    nothing; returns the first position or TOO_BIG / NEED_SEGMENT / NO_CHANNEL."""
+    if not channel_active(ctrl, ch):
+        return NO_CHANNEL
+    head = state_word(ctrl, S_HEAD)
+    end = plan_batch(ctrl, head, lengths, n)
+    if end < 0:
+        return end
+    if not writable(ctrl, head, end):
+        return NEED_SEGMENT
+    s = seg_size(ctrl)
+    mask = window_mask(ctrl)
+    flags = F_PRIVATE | (F_PARKED if parked else 0)
+    priv = ctrl[channel_at(ch) + CH_PRIV_SEQ]
+    gate_word = -1
+    gate_value = 0
+    pos = head
+    for i in range(n):
+        length = HDR + lengths[i]
+        size = record_bytes(length)
+        pos, gate_word, gate_value = pad_to_fit(data64, pos, size, s, mask, gate_word, gate_value)
+        off = pos & mask
+        w = off >> 3
+        priv, seq = private_seq(priv, parked)
+        write_header(data64, w, length, flags, timestamps[i], ids[i], not_before[i],
+                     ch | ((attempts[i] & 0xFFFF) << 16), seq)
+        copy_bytes(data, off + HDR, src, offsets[i], lengths[i])
+        gate_word, gate_value = commit_or_gate(data64, w, commit_word(length, flags), gate_word, gate_value)
+        out_pos[i] = pos
+        pos += size
+    if n == 0:
+        return head
+    publish_private(ctrl, data64, ch, gate_word, gate_value, priv, pos)
+    return out_pos[0]
+
+
+@njit(**KERNEL)
 def valid_record(ctrl, data64, pos):
     """True if pos holds a committed, non-PAD record inside the retained log."""
     if pos < load_acquire(ctrl, TAIL) or pos >= state_word(ctrl, S_HEAD) or pos & 7:
@@ -286,6 +326,23 @@ def valid_record(ctrl, data64, pos):
     w0 = load_acquire(data64, (pos & window_mask(ctrl)) >> 3)
     length = w0 & LOW32
     return w0 != 0 and ((w0 >> 32) & F_PAD) == 0 and length >= HDR
+
+
+@njit(inline="always", **KERNEL)
+def private_seq(priv, parked):
+    """(the channel's private counter, this record's seq) for its next private record: a parked one is counted
+    by no cursor (seq 0)."""
+    if parked:
+        return priv, 0
+    return priv + 1, priv + 1
+
+
+@njit(inline="always", **KERNEL)
+def publish_private(ctrl, data64, ch, gate_word, gate_value, priv, head):
+    """Commit a batch of private records: the gate, then the channel's private counter, then the head."""
+    store_release(data64, gate_word, gate_value)
+    store_release(ctrl, channel_at(ch) + CH_PRIV_SEQ, priv)
+    publish_head(ctrl, head, state_word(ctrl, S_HEAD_SEQ), state_word(ctrl, S_LAST_ID))
 
 
 @njit(**KERNEL)
@@ -319,10 +376,7 @@ def copy_forward(ctrl, data, data64, ch, positions, attempts, not_before, parked
         pos, gate_word, gate_value = pad_to_fit(data64, pos, size, s, mask, gate_word, gate_value)
         off = pos & mask
         w = off >> 3
-        seq = 0
-        if not parked:
-            priv += 1
-            seq = priv
+        priv, seq = private_seq(priv, parked)
         nb = data64[sw + R_NOT_BEFORE] if not_before[i] < 0 else not_before[i]
         write_header(data64, w, length, flags, data64[sw + R_TS], data64[sw + R_ID], nb,
                      ch | ((attempts[i] & 0xFFFF) << 16), seq)
@@ -332,9 +386,7 @@ def copy_forward(ctrl, data, data64, ch, positions, attempts, not_before, parked
         pos += size
     if n == 0:
         return head
-    store_release(data64, gate_word, gate_value)
-    store_release(ctrl, channel_at(ch) + CH_PRIV_SEQ, priv)
-    publish_head(ctrl, pos, state_word(ctrl, S_HEAD_SEQ), state_word(ctrl, S_LAST_ID))
+    publish_private(ctrl, data64, ch, gate_word, gate_value, priv, pos)
     return out_pos[0]
 
 
@@ -439,6 +491,43 @@ def advance(ctrl, data64, ch, target):
         return BAD_POSITION
     publish_cursor(ctrl, ch, pos, pub, priv)
     return passed
+
+
+@njit(**KERNEL)
+def rewind(ctrl, data64, ch, target):
+    """Move channel ch's cursor back to target (a retained record boundary before it), so that it delivers again
+    what lies after: a restart after a reboot lost the in-flight table, and the low-water mark says where the
+    held messages start. Its counters follow from the first records after target. -> 1 (moved), 0 (target is
+    not before the cursor), NO_CHANNEL or BAD_POSITION."""
+    if not channel_active(ctrl, ch):
+        return NO_CHANNEL
+    if target >= cursor_word(ctrl, ch, C_CURSOR):
+        return 0
+    if target < load_acquire(ctrl, TAIL) or target & 7:
+        return BAD_POSITION
+    s = seg_size(ctrl)
+    mask = window_mask(ctrl)
+    head = state_word(ctrl, S_HEAD)
+    pub = -1
+    priv = -1
+    pos = target
+    while pos < head and (pub < 0 or priv < 0):
+        w = (pos & mask) >> 3
+        w0 = load_acquire(data64, w)
+        flags = w0 >> 32
+        if (flags & (F_PRIVATE | F_PAD)) == 0:
+            if pub < 0:
+                pub = data64[w + R_SEQ] - 1
+        elif not skipped_by(data64, w, w0, ch):
+            if priv < 0:
+                priv = data64[w + R_SEQ] - 1
+        pos = next_position(pos, w0, s)
+    if pub < 0:
+        pub = state_word(ctrl, S_HEAD_SEQ)
+    if priv < 0:
+        priv = ctrl[channel_at(ch) + CH_PRIV_SEQ]
+    publish_cursor(ctrl, ch, target, pub, priv)
+    return 1
 
 
 # --- NSQ V2 message frames -----------------------------------------------------------------------------------

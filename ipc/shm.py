@@ -453,6 +453,17 @@ def _age(name: str, now: float) -> float:
         return float("inf")
 
 
+def live_creators(names) -> list[int]:
+    """Pids of the processes that created these segments and are still alive (a crashed broker's children may
+    outlive their supervisor by a few milliseconds as they die; a running broker's never go)."""
+    pids = []
+    for name in names:
+        creator = _creator(name)
+        if creator is not None and _alive(*creator):
+            pids.append(creator[0])
+    return pids
+
+
 def _instance_dead(instance: str, names: list[str], now: float, grace: float) -> bool:
     control = instance + CONTROL_KIND
     if control in names:

@@ -5,7 +5,9 @@ Layout (int64 words after the common header line, one LINE per process so writer
     line 0          header (magic 'NSQCTRL1', version, size, workers)
     line 1          scanner: epoch (bumped by every scanner start), restarts seen by the supervisor
     line 2 + w      worker w: connections it serves (written by worker w, read by the acceptor), restarts, then
-                    its suspect words (what it is doing, for its replacement: workers/suspects.py)
+                    its suspect words (what it is doing, for its replacement: workers/suspects.py), then its
+                    quiesced flag (shutdown: it takes no more publishes, see Worker.stop) and the time of its
+                    last failure to store messages (nsqpy/broker/health.py)
     then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
 
 The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop
@@ -23,6 +25,8 @@ MAGIC = magic("NSQCTRL1")
 VERSION = 2
 SCANNER_EPOCH, SCANNER_RESTARTS = LINE_WORDS, LINE_WORDS + 1
 W_CONNS, W_RESTARTS = 0, 1
+W_QUIESCED = 13         # after workers/suspects.py's words: 1 once the worker stopped taking publishes (shutdown)
+W_STORAGE_FAILED = 14   # ns time of the worker's last failure to store (0: its last store worked): /ping's health
 FULL_SLOTS = 256
 _FULL_MARK = 1 << 40
 
@@ -59,6 +63,19 @@ class Control:
 
     def least_loaded(self):
         return min(range(self.workers), key=self.connections)
+
+    def set_quiesced(self, w, flag):
+        py_store_release(self.w, self._worker(w, W_QUIESCED), int(flag))
+
+    def quiesced(self, w):
+        return bool(py_load_acquire(self.w, self._worker(w, W_QUIESCED)))
+
+    def set_storage_failed(self, w, when_ns):
+        py_store_release(self.w, self._worker(w, W_STORAGE_FAILED), when_ns)
+
+    def storage_failed(self, w):
+        """ns time of worker w's last failure to store messages, still unresolved (0: none)."""
+        return int(py_load_acquire(self.w, self._worker(w, W_STORAGE_FAILED)))
 
     def count_restart(self, w):
         """Called by the supervisor; w = -1 for the scanner."""

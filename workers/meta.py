@@ -271,6 +271,15 @@ class Directory:
         self._attach()
         return self._live.doc()
 
+    def sync(self):
+        """fsync the journal (a durable broker's directory must outlive a reboot, not only a crash)."""
+        if self._fd >= 0 and self._pid == os.getpid():
+            os.fsync(self._fd)
+
+    @property
+    def size(self):
+        return self._size
+
     def close(self):
         if self._fd >= 0 and self._pid == os.getpid():
             os.close(self._fd)

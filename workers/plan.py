@@ -35,8 +35,8 @@ from ipc.fdpass import channel_pair
 from ipc.heap import TimerHeap, heap_nbytes, heap_reserved_ranges
 from ipc.inflight import InFlightTable, inflight_nbytes, inflight_reserved_ranges
 from ipc.layout import align_up
-from ipc.shm import (PAYLOAD_OFFSET, Segment, find_dead_instances, instance_prefix, list_segments, remove_segments,
-                     segment_name, unlink_name)
+from ipc.shm import (PAYLOAD_OFFSET, Segment, find_dead_instances, instance_prefix, list_segments, live_creators,
+                     remove_segments, segment_name, unlink_name)
 from ipc.statrows import Board
 from nsqpy.broker import stats as stats_plane
 from workers import control, links, meta
@@ -75,18 +75,34 @@ class Plan:
         return seg
 
     def remove_stale(self):
-        """Segments of every dead broker instance on this host (ours after a crash, or any other data path's and
-        node id's): an instance is dead once its supervisor is (``ipc.shm.find_dead_instances``). Recovering
-        their messages belongs to persistence; for now they are removed, never reused."""
-        dead = find_dead_instances()
+        """Segments of dead broker instances of other data paths or node ids (ours was salvaged before this,
+        ``workers/salvage.py``): an instance is dead once its supervisor is (``ipc.shm.find_dead_instances``).
+        One that may hold messages (topic logs, deferred entries) is kept for its own next start, which
+        recovers them, and named in one line; the others hold nothing and are removed."""
+        dead = {}
+        for prefix in find_dead_instances():
+            names = list_segments(prefix)  # all of them, also those of its processes still dying
+            if not live_creators(names):
+                dead[prefix] = names
         if not dead:
             return
-        count, nbytes = remove_segments(name for names in dead.values() for name in names)
-        instances = ", ".join(f"{prefix.strip('/-')} ({len(names)})" for prefix, names in dead.items())
+        keep = {p: n for p, n in dead.items() if any(_holds_messages(name) for name in n)}
+        gone = {p: n for p, n in dead.items() if p not in keep}
+        if keep:
+            nbytes = sum(_blocks(name) for names in keep.values() for name in names)
+            instances = ", ".join(f"{prefix.strip('/-')} ({len(names)})" for prefix, names in keep.items())
+            self.log.warn(f"kept {sum(map(len, keep.values()))} shared-memory segments ({nbytes / (1 << 20):.1f} "
+                          f"MiB) of dead instances that may hold messages: {instances}; the next start of nsqd "
+                          f"on their data path recovers them (remove /dev/shm/<name>* to discard them)")
+        if not gone:
+            return
+        count, nbytes = remove_segments(name for names in gone.values() for name in names)
+        instances = ", ".join(f"{prefix.strip('/-')} ({len(names)})" for prefix, names in gone.items())
         self.log.warn(f"removed {count} shared-memory segments ({nbytes / (1 << 20):.1f} MiB) of dead instances "
                       f"{instances}")
 
-    def create(self):
+    def create(self, keep_journals=False):
+        """``keep_journals``: open the workers' journals as they are (salvage after a reboot) instead of new."""
         self.remove_stale()
         self.control = control.Control.create(self._create("control", control.nbytes(self.workers)), self.workers)
         self._log_rings()
@@ -104,7 +120,8 @@ class Plan:
             seg = self._create("inflight", inflight_nbytes(cap), w, reserve=0)
             self.inflight.append(InFlightTable.create(seg.buf, 0, cap, seg.reserver(), initial,
                                                       self.heaps[w].reserve_pages))
-            self.meta.append(meta.Directory.create(meta.journal_path(self.data_path, self.prefix, w)))
+            path = meta.journal_path(self.data_path, self.prefix, w)
+            self.meta.append(meta.Directory(path) if keep_journals else meta.Directory.create(path))
         self.inboxes = [channel_pair() for _ in range(self.workers)]
         for recv_end, _ in self.inboxes:
             os.set_blocking(recv_end.fileno(), False)
@@ -129,6 +146,15 @@ class Plan:
         self.listener = sock
         return sock.getsockname()[:2]
 
+    def keep(self):
+        """An unclean stop (a worker could not save its messages, or was killed): leave every segment and journal
+        for the next start to salvage (``workers/salvage.py``)."""
+        self.log.warn(f"some messages could not be saved to disk; they stay in shared memory ({self.prefix}*) for "
+                      f"the next start of nsqd on this data path")
+        for seg in self.segments:
+            seg.close()
+        self.segments.clear()
+
     def destroy(self):
         for seg in self.segments:
             seg.close()
@@ -140,6 +166,18 @@ class Plan:
         # what a child that had to be killed at shutdown could not remove itself (its topic logs)
         for name in list_segments(self.prefix):
             unlink_name(name)
+
+
+def _holds_messages(name):
+    kind = name.rsplit("-", 2)[-2]
+    return kind in ("topic", "log") or kind.startswith("defer")
+
+
+def _blocks(name):
+    try:
+        return os.stat("/dev/shm/" + name.lstrip("/")).st_blocks * 512
+    except OSError:
+        return 0
 
 
 def _heap_stride(capacity):

@@ -36,12 +36,15 @@ import select
 import signal
 import time
 
+from nsqpy.process import die_with_parent
+
 EXIT_CANNOT_RUN = 3
 QUICK = 1.0             # a death sooner than this after the start is a quick death (back-off grows)
 BACKOFF_FIRST = 0.1     # the delay after the second quick death in a row (the first is restarted at once)
 BACKOFF_MAX = 10.0
 FORK_ATTEMPTS = 10      # consecutive failed forks of one child before the broker stops
 POLL = 1.0              # the main loop's longest wait (signals and deaths wake it sooner)
+PERIODIC = 0.25         # ... when there are periodic hooks
 
 
 def backoff(failures, first=BACKOFF_FIRST, cap=BACKOFF_MAX):
@@ -52,10 +55,13 @@ def backoff(failures, first=BACKOFF_FIRST, cap=BACKOFF_MAX):
 
 
 class Child:
-    __slots__ = ("name", "target", "pid", "started", "quick_deaths", "restarts", "due", "fork_failures")
+    __slots__ = ("name", "target", "pid", "started", "quick_deaths", "restarts", "due", "fork_failures",
+                 "stop_order", "restart_to_stop")
 
-    def __init__(self, name, target):
+    def __init__(self, name, target, stop_order=0, restart_to_stop=False):
         self.name = name
+        self.stop_order = stop_order  # shutdown stops lower orders first and waits for them
+        self.restart_to_stop = restart_to_stop  # waiting for its restart at shutdown: start it to stop it
         self.target = target  # target(restarted: bool, ready_fd: int) -> never returns normally
         self.pid = 0          # 0: not running (not started yet, or waiting for its restart)
         self.started = 0.0
@@ -77,9 +83,15 @@ class Supervisor:
         self._signals = []
         self._ready_r, self._ready_w = os.pipe()
         self.on_restart = None  # callback(child) after a restart (for stats)
+        self.periodic = []      # callables run every loop turn, at most PERIODIC apart (nsqd.dat upkeep)
+        self.clean_exit = True  # shutdown: every child exited 0 (none killed, none died with an error)
 
-    def add(self, name, target):
-        self.children.append(Child(name, target))
+    def add(self, name, target, stop_order=0, restart_to_stop=False):
+        """``stop_order``: at shutdown, children are stopped in groups of ascending order, each group after the
+        previous one exited (nsqd: what feeds the workers first, then the workers, then the scanner).
+        ``restart_to_stop``: a child that is waiting for its restart when the shutdown begins is started then
+        (nsqd's workers: their stop saves the messages they hold)."""
+        self.children.append(Child(name, target, stop_order, restart_to_stop))
 
     def restart_counts(self):
         """{child name: restarts so far}."""
@@ -91,6 +103,7 @@ class Supervisor:
     # ---- forking ---------------------------------------------------------------------------------------
     def _spawn(self, child, restarted):
         """Fork the child; False (logged) when fork itself failed."""
+        parent = os.getpid()
         try:
             pid = os.fork()
         except OSError as e:
@@ -100,6 +113,7 @@ class Supervisor:
         if pid == 0:
             code = 1
             try:
+                die_with_parent(parent)  # a SIGKILLed supervisor takes its children with it (nothing orphaned)
                 os.close(self._ready_r)
                 signal.set_wakeup_fd(-1)
                 for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
@@ -194,6 +208,8 @@ class Supervisor:
                 if not self._stopping:
                     code = self._reap() or self._restart_due()
                     self._stopping = code != 0
+                for fn in self.periodic:
+                    fn()
                 wait = self._wait()
         finally:
             self.shutdown()
@@ -204,8 +220,9 @@ class Supervisor:
 
     def _wait(self):
         """How long the loop may sleep: until the next restart is due, at most POLL."""
+        longest = PERIODIC if self.periodic else POLL
         dues = [c.due for c in self.children if c.due is not None]
-        return max(0.0, min(dues) - time.monotonic()) if dues else POLL
+        return min(longest, max(0.0, min(dues) - time.monotonic())) if dues else longest
 
     def _reap(self):
         """Collect dead children and schedule their restarts; an exit code to stop with, or 0."""
@@ -249,21 +266,28 @@ class Supervisor:
                 child.due = now + self._backoff(child.fork_failures + 1)
         return 0
 
-    def shutdown(self):
-        self._stopping = True
-        for child in self.children:
-            child.due = None
-            if child.pid:
-                try:
-                    os.kill(child.pid, signal.SIGTERM)
-                except ProcessLookupError:
-                    pass
-        deadline = time.monotonic() + self.shutdown_timeout
-        alive = [c for c in self.children if c.pid]
+    def _stop_group(self, group, deadline):
+        """TERM these children and reap them until the deadline; KILL what is left."""
+        for child in group:
+            try:
+                os.kill(child.pid, signal.SIGTERM)
+            except ProcessLookupError:
+                pass
+        alive = group
         while alive and time.monotonic() < deadline:
-            alive = [c for c in alive if not self._waitpid(c.pid)[0]]
+            still = []
+            for c in alive:
+                pid, status = self._waitpid(c.pid)
+                if not pid:
+                    still.append(c)
+                elif status != 0 and not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM):
+                    self.clean_exit = False  # (a child without a SIGTERM handler dies of it: that is its stop)
+                    self.log.warn(f"{c.name} stopped with exit status {os.waitstatus_to_exitcode(status)}")
+            alive = still
             if alive:
                 time.sleep(0.01)  # polling reaped children at shutdown; no event to wait on
+        if alive:
+            self.clean_exit = False
         for child in alive:
             self.log.warn(f"{child.name} did not stop in time; killing it")
             try:
@@ -271,6 +295,18 @@ class Supervisor:
                 os.waitpid(child.pid, 0)
             except (ProcessLookupError, ChildProcessError):
                 pass
+
+    def shutdown(self):
+        self._stopping = True
+        for child in self.children:
+            if not child.pid and child.due is not None and child.restart_to_stop:
+                self._spawn(child, True)  # waiting for its restart: a worker must still save what it holds
+            child.due = None
+        if any(not c.pid and c.restart_to_stop for c in self.children):
+            self.clean_exit = False  # one could not be forked: what it held is left for the next start
+        deadline = time.monotonic() + self.shutdown_timeout
+        for order in sorted({c.stop_order for c in self.children}):
+            self._stop_group([c for c in self.children if c.stop_order == order and c.pid], deadline)
         for child in self.children:
             child.pid = 0
         for fn in reversed(self.cleanups):

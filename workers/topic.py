@@ -12,15 +12,17 @@ always inside the newest one, so a log of one segment could never turn over).
 """
 import errno
 import hashlib
+import os
 import time
 import zlib
 
 import numpy as np
 
-from ipc.filesegment import FileSegmentProvider
+from ipc.filesegment import FileSegment, FileSegmentProvider
 from ipc.msglog import LogError, LogFull, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
 from ipc.msglog_layout import record_size
-from ipc.shm import Segment, SegmentError, segment_name
+from ipc.layout import LayoutError
+from ipc.shm import Segment, SegmentError, segment_name, unlink_name
 from nsqpy.protocol.ids import SEQUENCE_MASK, TWEPOCH, IdGenerator
 from workers.channel import Channel
 
@@ -39,6 +41,11 @@ def segment_size_for(max_msg_size):
     address space, not memory, until messages fill it)."""
     need = max(SEGMENT_SIZE, record_size(max_msg_size))
     return 1 << (need - 1).bit_length()
+
+
+def ctrl_path(data_path, h):
+    """A durable topic's control block: a file next to its disk segments."""
+    return os.path.join(data_path, f"nsqpy-{h:x}.ctrl")
 
 
 def name_hash(name):
@@ -70,18 +77,27 @@ class Topic:
         self.memory = ShmSegmentProvider(base)
         self.disk = None if self.ephemeral else FileSegmentProvider(self.worker.data_path, f"nsqpy-{h:x}")
         seg = segment_size_for(opts.max_msg_size)
+        # --mem-queue-size=0: every message on disk, control block included (a file next to the segments), so
+        # that a reboot finds the log again (as NSQ's disk queue); the worker fsyncs by --sync-every/-timeout
+        self.durable = opts.mem_queue_size == 0 and not self.ephemeral
+        self.synced_segment = 0
         # at least two segments: the head is always inside the newest one, so with a single segment a full log
         # could never turn over, however fast its channels drain it
-        mem_bytes = max(2 * seg, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // seg) * seg)
+        mem_bytes = 0 if self.durable else max(2 * seg, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // seg) * seg)
         disk_bytes = 0 if self.ephemeral else max(opts.max_disk_bytes_per_topic, 2 * seg)
-        ctrl_name = segment_name(self.worker.data_path, opts.node_id, "topic", h)
+        ctrl_name = (ctrl_path(self.worker.data_path, h) if self.durable
+                     else segment_name(self.worker.data_path, opts.node_id, "topic", h))
         if not restarted:
             try:
-                self.ctrl = Segment.create(ctrl_name, log_ctrl_nbytes(seg, mem_bytes, disk_bytes))
+                self.ctrl = self._ctrl_create(ctrl_name, log_ctrl_nbytes(seg, mem_bytes, disk_bytes))
             except SegmentError as e:
                 if e.errno != errno.EEXIST:
                     raise
-                restarted = True  # left by a crash between creating the log and recording it: keep its messages
+                # left by a crash between creating the log and recording it: keep its messages, unless the crash
+                # came before the log was initialised (then it holds none: start it over)
+                if self._half_made(ctrl_name):
+                    return self._open_log(False)
+                restarted = True
             else:
                 try:
                     self.log = MessageLog.create(self.ctrl.buf, 0, segment_size=seg, mem_bytes=mem_bytes,
@@ -91,8 +107,7 @@ class Topic:
                     self.ctrl.unlink()
                     raise
                 return
-        self.ctrl = Segment.attach(ctrl_name)
-        self.ctrl.adopt()
+        self.ctrl = self._ctrl_attach(ctrl_name)
         self.log = MessageLog.attach(self.ctrl.buf, 0, self.memory, self.disk)
         self.log.recover()
         last = self.log.last_id & 0xFFFFFFFFFFFFFFFF
@@ -100,6 +115,41 @@ class Topic:
             # continue after the last ID the previous owner gave out, never reuse one
             self.ids.last_tick = (last >> 22) + TWEPOCH
             self.ids.sequence = last & SEQUENCE_MASK
+
+    def _ctrl_create(self, name, size):
+        if self.durable:
+            return FileSegment.create(name, size)
+        return Segment.create(name, size)
+
+    def _ctrl_attach(self, name):
+        if self.durable:
+            return FileSegment.attach(name)
+        ctrl = Segment.attach(name)
+        ctrl.adopt()
+        return ctrl
+
+    def _half_made(self, ctrl_name):
+        """True (and the control segment removed) when it was created but its log never initialised."""
+        try:
+            ctrl = self._ctrl_attach(ctrl_name)
+            try:
+                MessageLog.attach(ctrl.buf, 0, self.memory, self.disk).close()
+            finally:
+                ctrl.close()
+            return False
+        except LayoutError:
+            if self.durable:
+                FileSegment.unlink_path(ctrl_name)
+            else:
+                unlink_name(ctrl_name)
+            return True
+
+    def sync(self):
+        """Make what was appended so far durable (disk-tier segments and, for a durable topic, the control block
+        with the head and the cursors): fdatasync of each file touched."""
+        self.synced_segment = self.log.sync(self.synced_segment)
+        if self.durable:
+            self.ctrl.flush()
 
     def append(self, src, offsets, lengths, timestamp, defer_ms=0, acknowledged=False):
         """Append n messages accepted at `timestamp` ns (all or nothing). Returns False when the log is full and
@@ -145,6 +195,10 @@ class Topic:
         else:
             if self.full and self.log.has_room():
                 self.set_full(False)
+        if self.worker.storage_failing:
+            self.worker.storage_works()
+        if self.durable:
+            self.worker.appended(self, n)
         self.message_count += n
         self.message_bytes += int(lengths[0]) if n == 1 else int(lengths.sum())
         self.worker.stats.changed.add(self.name)
@@ -222,6 +276,14 @@ class Topic:
         if full != self.full:
             self.full = full
             self.worker.control.set_topic_full(self.worker.index, self.crc, full)
+
+    def discard_storage(self):
+        """Its messages are saved to disk (a clean stop): free the shared memory, keep the directory entry."""
+        self.deleted = True
+        self.set_full(False)
+        self.log.destroy()
+        self.ctrl.close()
+        self.ctrl.unlink()
 
     def destroy(self):
         """Delete the topic: channels, log segments and the control segment."""

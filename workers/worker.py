@@ -39,9 +39,11 @@ from ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.protocol.identify import ServerSettings
 from nsqpy.protocol.v2_parser import Limits
 from workers.deferred import DeferredStore, ShmChunks
+from workers.durability import Durability
 from workers.forwarding import Forwarding
 from workers.handover import Connections
 from workers.loop import Loop
+from workers.persistence import Persistence
 from workers.pump import Pump
 from workers.reclaim import Reclaim
 from workers.registry import Registry
@@ -53,6 +55,7 @@ from workers.timers import TimerBatches
 
 LARGE_FORWARD = 4 << 20  # bytes: bigger forwarded publishes go by file (a ring record is at most half the ring)
 FRAME_SCRATCH = 8 << 20
+QUIESCE_WAIT = 5.0             # seconds a stopping worker waits for the others to stop taking publishes
 LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
 
 
@@ -71,11 +74,12 @@ def server_settings(opts):
         max_msg_timeout_ms=opts.max_msg_timeout // ms,
         msg_timeout_ms=opts.msg_timeout // ms,
         max_rdy_count=opts.max_rdy_count,
-        tls_available=False, snappy_enabled=False, deflate_enabled=False,
-        max_deflate_level=opts.max_deflate_level, auth_required=False)
+        tls_available=bool(opts.tls_cert), snappy_enabled=opts.snappy, deflate_enabled=opts.deflate,
+        max_deflate_level=opts.max_deflate_level, auth_required=bool(opts.auth_http_address),
+        tls_required=opts.tls_required != 0)  # TLSRequired.NOT_REQUIRED; tcp-https still requires it on TCP
 
 
-class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery):
+class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, Persistence, Durability):
     def __init__(self, plan, index, restarted, log):
         self.plan = plan
         self.opts = plan.opts
@@ -140,9 +144,16 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery):
             set_want_room(link.ring.ctl, 0)  # a dead predecessor may have left it set
         self._crash_on = self.opts.crash_on_body.encode()
         self.stats = StatsPublisher(self, plan.stats_board)  # the stats plane: workers/stats.py
+        self._init_durability()
+        self.saved = False              # stop() wrote every unfinished message to disk (workers/persistence.py)
+        self.control.set_quiesced(index, False)
+        self.storage_failing = False
+        self.control.set_storage_failed(index, 0)
         if restarted:
             self._recover()
             self._after_crash()
+        else:
+            self.load_queues()
 
     # ---- plumbing --------------------------------------------------------------------------------------
     def run(self, ready_fd):
@@ -168,11 +179,36 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery):
             s.flush()
             s.close()
         self._drop_parked()  # never answered: their sessions are closed
-        self._idle()
-        for t in list(self.topics.values()):
-            t.destroy()
-        self.deferred.destroy()
+        self._quiesce()
+        try:
+            self.save_queues()
+        except Exception:
+            # the shared memory stays as it is: the next start salvages it (workers/salvage.py)
+            self.log.error(f"worker {self.index}: cannot save messages to disk, leaving them in shared memory "
+                           f"for the next start: {traceback.format_exc().strip()}")
+        else:
+            self.saved = True
+            for t in list(self.topics.values()):
+                t.discard_storage()
+            self.deferred.destroy()
         self.loop.stop()
+
+    def _quiesce(self):
+        """Shutdown: take no more publishes, then drain the rings until every other worker stopped taking them
+        too (the supervisor stopped the other producers before the workers), so that whatever another worker
+        committed to us, answered OK, is in our logs before we save them."""
+        self.control.set_quiesced(self.index, True)
+        deadline = time.monotonic() + QUIESCE_WAIT
+        others = [w for w in range(self.plan.workers) if w != self.index]
+        while True:
+            while self._drain_pub_rings():
+                pass
+            if all(self.control.quiesced(w) for w in others) or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)  # shutdown only: the others close their sessions within milliseconds
+        while self._drain_pub_rings():
+            pass
+        self._idle()
 
     def dump_state(self):
         """SIGUSR1: one log line per owned channel and its consumers (a debugging aid for operators)."""
@@ -216,9 +252,17 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery):
             if log.body(p).startswith(self._crash_on):
                 os.kill(os.getpid(), signal.SIGSEGV)
 
+    def storage_works(self):
+        """A store worked after failures: healthy again (as nsqd after its next good disk write)."""
+        self.storage_failing = False
+        self.control.set_storage_failed(self.index, 0)
+
     def storage_failed(self, what, exc):
         """A publish or topic creation failed for lack of memory or disk: one log line per cause and second (a
         full /dev/shm would otherwise log once per PUB)."""
+        if not self.storage_failing:
+            self.storage_failing = True
+            self.control.set_storage_failed(self.index, time.time_ns())  # /ping: unhealthy until a store works
         now = time.monotonic()
         key = (what, type(exc))
         if now - self._storage_logged.get(key, 0.0) >= 1.0:
@@ -261,6 +305,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery):
                     # messages stay where they are and the next FIN/REQ/publish tries again
                     self.log.error(f"worker {self.index}: delivery on {ch.topic.name}/{ch.name} failed: "
                                    f"{traceback.format_exc().strip()}")
+        if self._unsynced:
+            self.sync_due()  # before the replies go out: --sync-every=1 answers after the sync (group commit)
         if self.dirty:
             dirty, self.dirty = self.dirty, []
             for s in dirty:
@@ -271,5 +317,11 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery):
         return not self.links.prepare_sleep(self.index, self._inputs_empty)
 
 
+EXIT_UNSAVED = 4  # the worker stopped without saving its messages: the supervisor must keep its shared memory
+
+
 def worker_main(plan, index, restarted, ready_fd, log):
-    Worker(plan, index, restarted, log).run(ready_fd)
+    worker = Worker(plan, index, restarted, log)
+    worker.run(ready_fd)
+    if not worker.saved:
+        raise SystemExit(EXIT_UNSAVED)

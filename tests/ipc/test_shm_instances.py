@@ -93,11 +93,10 @@ def test_names_of_other_programs_and_test_sessions_are_not_groups(shm_prefix, cl
     assert find_dead_instances(shm_prefix) == {}
 
 
-def test_plan_remove_stale_removes_them_with_one_log_line(shm_prefix, cleanup, monkeypatch):
+def bare_plan(monkeypatch, shm_prefix):
+    """A Plan that only knows its log (a list of WARNING lines), looking for dead instances under shm_prefix."""
     from workers import plan as plan_module
 
-    dead = names(shm_prefix, "/data/f", 6, ("control", 0), ("links", 0))
-    create_in_child(dead)
     lines = []
 
     class Log:
@@ -107,9 +106,26 @@ def test_plan_remove_stale_removes_them_with_one_log_line(shm_prefix, cleanup, m
     monkeypatch.setattr(plan_module, "find_dead_instances", functools.partial(find_dead_instances, shm_prefix))
     plan = plan_module.Plan.__new__(plan_module.Plan)
     plan.log = Log()
+    return plan, lines
+
+
+def test_plan_remove_stale_removes_them_with_one_log_line(shm_prefix, cleanup, monkeypatch):
+    dead = names(shm_prefix, "/data/f", 6, ("control", 0), ("links", 0))
+    create_in_child(dead)
+    plan, lines = bare_plan(monkeypatch, shm_prefix)
     plan.remove_stale()
     assert list_segments("/" + shm_prefix) == []
     instance = instance_prefix("/data/f", 6, shm_prefix).strip("/-")
     assert len(lines) == 1 and "removed 2 shared-memory segments (" in lines[0] and instance in lines[0]
     plan.remove_stale()
     assert len(lines) == 1  # nothing to say when nothing is dead
+
+
+def test_plan_remove_stale_keeps_a_dead_instance_that_may_hold_messages(shm_prefix, cleanup, monkeypatch):
+    """Another data path's crashed broker: its topic logs wait for its own next start (workers/salvage.py)."""
+    dead = names(shm_prefix, "/data/g", 6, ("control", 0), ("links", 0), ("topic", 77), ("defer1", 0))
+    create_in_child(dead)
+    plan, lines = bare_plan(monkeypatch, shm_prefix)
+    plan.remove_stale()
+    assert sorted(list_segments("/" + shm_prefix)) == sorted(dead)
+    assert len(lines) == 1 and "kept 4 shared-memory segments" in lines[0] and "may hold messages" in lines[0]
