@@ -87,7 +87,8 @@ def reserved_up_front(workers):
 def measure(workers):
     data = tempfile.mkdtemp(prefix="idle_footprint")
     prefix = instance_prefix(data, NODE_ID)
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", f"--data-path={data}",
+    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                         f"--data-path={data}",
                          f"--workers={workers}", f"--node-id={NODE_ID}")
     t0 = time.monotonic()
     with ListeningProcess(argv, ready_timeout=600.0) as nsqd:

@@ -126,7 +126,8 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     data = tempfile.mkdtemp(prefix="stats_snapshot")
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", f"--data-path={data}",
+    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                         f"--data-path={data}",
                          f"--workers={args.workers}", f"--node-id={NODE_ID}")
     topics = [f"snap-{i:05d}" for i in range(args.topics)]
     with ListeningProcess(argv) as nsqd:

@@ -65,7 +65,8 @@ def main():
     args = ap.parse_args()
     data = tempfile.mkdtemp(prefix="topic_cost")
     prefix = instance_prefix(data, NODE_ID)
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", f"--data-path={data}",
+    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                         f"--data-path={data}",
                          f"--workers={args.workers}", f"--node-id={NODE_ID}")
     with ListeningProcess(argv) as nsqd:
         workers = [int(m.group(1)) for m in map(WORKER_LINE.search, nsqd.stderr_tail) if m]

@@ -15,7 +15,8 @@ RUN = ["--runfor", "1s", "--connections", "2", "--no-ceiling"]
 @pytest.fixture(scope="module")
 def nsqpy(tmp_path_factory):
     data = tmp_path_factory.mktemp("nsqpy-bench")
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", f"--data-path={data}", "--workers=2",
+    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+                         f"--data-path={data}", "--workers=2",
                          "--node-id=11")
     with ListeningProcess(argv, ready_timeout=120) as server:
         yield server

@@ -223,7 +223,8 @@ def namespaced_factory(nsqd_factory, base, started, shm_size="192m", data_size="
             pytest.skip(reason)
         data = base / f"nsdata{len(started)}"
         data.mkdir()
-        args = ["--tcp-address=127.0.0.1:0", f"--data-path={data}", f"--workers={workers}",
+        args = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}",
+                f"--workers={workers}",
                 f"--node-id={node_id}", *flags]
         nsqd_cmd = shlex.join([sys.executable, "-m", "workers.nsqd", *args])
         script = (f"mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && "

@@ -13,7 +13,7 @@ from ipc.shm import instance_prefix
 def test_sigterm_during_start_up_exits_cleanly(tmp_path):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
     proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0",
-                             f"--data-path={tmp_path}", "--node-id=9", "--workers=2"],
+                             "--http-address=127.0.0.1:0", f"--data-path={tmp_path}", "--node-id=9", "--workers=2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
         line = proc.stdout.readline().decode()  # the version line: nsqd is now warming up, nothing forked yet

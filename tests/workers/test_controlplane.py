@@ -128,7 +128,8 @@ class Broker(Nsqd):
         self.client_path = str(tmp_path / "client.sock")
         self.lines = []
         self._cond = threading.Condition()
-        args = ["--tcp-address=127.0.0.1:0", f"--data-path={data}", f"--workers={workers}", "--node-id=7", *flags]
+        args = ["--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={data}", f"--workers={workers}",
+                "--node-id=7", *flags]
         self.proc = subprocess.Popen([sys.executable, os.path.abspath(__file__), self.client_path, *args],
                                      stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True,
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"))

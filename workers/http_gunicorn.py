@@ -1,0 +1,137 @@
+"""gunicorn run programmatically inside nsqd's "http" child (see workers/http.py for the theory of operation).
+
+Kept apart from workers/http.py so that the supervisor, which imports that module to bind the listener, never
+imports gunicorn.
+"""
+from __future__ import annotations
+
+import os
+
+from gunicorn import glogging
+from gunicorn.app.base import BaseApplication
+from gunicorn.arbiter import Arbiter
+from gunicorn.sock import TCP6Socket, TCPSocket
+
+from workers.http import GRACEFUL, build_deps, die_with_parent, http_slots
+
+_WORKER_CLASSES = {"sync": "sync", "gthread": "gthread", "asgi": "asgi"}
+
+
+class _Log(glogging.Logger):
+    """gunicorn's logger, writing through nsqpy's (NSQ's line format, one write per line). Its INFO lines
+    (booting workers and the like) are DEBUG here; there is no access log."""
+
+    nsq_log = None
+    nsq_level = None
+
+    def setup(self, cfg):
+        pass
+
+    def _say(self, level, msg, args):
+        log = self.nsq_log
+        log.level = self.nsq_level.get()
+        if level < log.level:
+            return  # before formatting: gunicorn says something at DEBUG for every request
+        try:
+            text = msg % args if args else str(msg)
+        except (TypeError, ValueError):
+            text = f"{msg} {args}"
+        log.log(level, f"HTTP: {text}")
+
+    def critical(self, msg, *args, **kwargs):
+        self._say(4, msg, args)
+
+    def error(self, msg, *args, **kwargs):
+        self._say(4, msg, args)
+
+    def exception(self, msg, *args, **kwargs):
+        import traceback
+        self._say(4, f"{msg}\n{traceback.format_exc().strip()}", args)
+
+    def warning(self, msg, *args, **kwargs):
+        # a malformed request is the client's fault, not the server's: nsqd (Go's net/http) logs nothing for it
+        self._say(1 if str(msg).startswith("Invalid request") else 3, msg, args)
+
+    def info(self, msg, *args, **kwargs):
+        self._say(1, msg, args)
+
+    def debug(self, msg, *args, **kwargs):
+        self._say(1, msg, args)
+
+    def log(self, lvl, msg, *args, **kwargs):
+        self._say(1, msg, args)
+
+    def access(self, resp, req, environ, request_time):
+        pass
+
+    def reopen_files(self):
+        pass
+
+    def close_on_exec(self):
+        pass
+
+
+class NsqdGunicorn(BaseApplication):
+    def __init__(self, plan, sock, ready_fd, log, level, version_line, workers, worker_class, threads, slots=None,
+                 tls=False):
+        self.plan = plan
+        self.sock = sock
+        self.ready_fd = ready_fd
+        self.nsq_log = log
+        self.level = level
+        self.version_line = version_line
+        self.slots = http_slots(plan) if slots is None else slots
+        self.tls = tls  # the HTTPS arbiter: gunicorn wraps each accepted connection (--tls-cert, --tls-key)
+        self.n_workers = max(1, min(workers, len(self.slots)))
+        self.worker_class = worker_class
+        self.threads = threads
+        self.slot = None  # in a worker: its producer slot
+        _Log.nsq_log, _Log.nsq_level = log, level
+        super().__init__()
+
+    def load_config(self):
+        app = self
+
+        def pre_fork(arbiter, worker):
+            # arbiter.WORKERS holds the live workers only (a dead one is reaped before its replacement forks)
+            live = {getattr(w, "nsq_slot", None) for w in arbiter.WORKERS.values()}
+            worker.nsq_slot = next(s for s in app.slots if s not in live)
+
+        def post_fork(arbiter, worker):  # in the new worker
+            die_with_parent()
+            if os.getppid() != arbiter.pid:
+                os._exit(1)  # the arbiter died before the death signal was set
+            app.slot = worker.nsq_slot
+
+        def when_ready(arbiter):
+            os.write(self.ready_fd, b"h")
+
+        settings = {
+            "workers": self.n_workers, "worker_class": _WORKER_CLASSES[self.worker_class], "threads": self.threads,
+            "timeout": 60, "graceful_timeout": GRACEFUL, "keepalive": 75, "logger_class": _Log,
+            "proc_name": "nsqd-http", "pre_fork": pre_fork, "post_fork": post_fork, "when_ready": when_ready,
+            "limit_request_line": 8190, "accesslog": None, "control_socket_disable": True,
+        }
+        if self.tls:
+            opts = self.plan.opts
+            settings.update(certfile=opts.tls_cert, keyfile=opts.tls_key, proc_name="nsqd-https")
+            if opts.tls_client_auth_policy == "require-verify":
+                settings.update(cert_reqs=2, ca_certs=opts.tls_root_ca_file or None)  # ssl.CERT_REQUIRED
+        if self.worker_class != "gthread":
+            del settings["threads"]  # the others warn about it
+        for key, value in settings.items():
+            if key in self.cfg.settings:
+                self.cfg.set(key, value)
+
+    def load(self):
+        from http_api.nsqd_app import create_app
+
+        deps = build_deps(self.plan, self.slot, self.nsq_log, self.level, self.version_line)
+        return create_app(deps, asgi=self.worker_class == "asgi")
+
+    def run(self):
+        arbiter = Arbiter(self)
+        fd = os.dup(self.sock.fileno())  # gunicorn closes the fd it is given
+        cls = TCP6Socket if self.sock.family == TCP6Socket.FAMILY else TCPSocket
+        arbiter.LISTENERS = [cls(self.sock.getsockname(), self.cfg, arbiter.log, fd=fd)]
+        arbiter.run()
