@@ -11,80 +11,44 @@ from __future__ import annotations
 import os
 import re
 import signal
-import subprocess
-import sys
-import threading
-import time
 
 import pytest
 
 from ipc.shm import instance_prefix
+from tests.logged_process import LoggedProcess
 
 LISTEN_RE = re.compile(r"TCP: listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)$")
+HTTP_LISTEN_RE = re.compile(r"HTTP: listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)$")
 START_DEADLINE = 120.0
 
 
-class Nsqd:
+class Nsqd(LoggedProcess):
+    name = "nsqd"
+
     def __init__(self, args, data_path, node_id):
         self.data_path = data_path
         self.node_id = node_id
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        env = dict(os.environ, PYTHONUNBUFFERED="1")
-        self.proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=env, start_new_session=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
+        self.expected_code = 0
+        super().__init__("workers.nsqd", args)
         m = self.wait_for_line(LISTEN_RE, START_DEADLINE)
         self.host, self.port = m.group(1), int(m.group(2))
-
-    def _read(self):
-        for raw in self.proc.stdout:
-            with self._cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
 
     @property
     def address(self):
         return (self.host, self.port)
 
-    def wait_for_line(self, pattern, timeout=10.0, start=0):
-        pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            i = start
-            while True:
-                while i < len(self.lines):
-                    m = pattern.search(self.lines[i])
-                    if m:
-                        return m
-                    i += 1
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    raise AssertionError(f"no line matching {pattern.pattern!r}; output:\n" + "\n".join(self.lines))
-                self._cond.wait(left)
+    @property
+    def http_address(self):
+        """(host, port) of the HTTP API, from nsqd's ``HTTP: listening on`` line (logged right after TCP's)."""
+        m = self.wait_for_line(HTTP_LISTEN_RE, START_DEADLINE)
+        return (m.group(1), int(m.group(2)))
 
-    def output(self):
-        with self._cond:
-            return "\n".join(self.lines)
-
-    def child_pids(self):
-        out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
-        return [int(x) for x in out.split()]
-
-    def stop(self, timeout=30.0):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise AssertionError("nsqd did not stop within its deadline:\n" + self.output())
+    def kill_all(self):
+        """SIGKILL every process of the broker at once (a whole-broker crash); its teardown then expects -9."""
+        os.killpg(self.proc.pid, signal.SIGKILL)
+        self.proc.wait()
         self._reader.join(5)
-        return code
+        self.expected_code = -signal.SIGKILL
 
     def segments_left(self):
         prefix = instance_prefix(self.data_path, self.node_id).lstrip("/")
@@ -92,10 +56,13 @@ class Nsqd:
 
 
 def _factory(base, started):
-    def start(*flags, workers=2, node_id=7):
-        data = base / f"data{len(started)}"
-        data.mkdir()
-        args = ["--tcp-address=127.0.0.1:0", f"--data-path={data}", f"--workers={workers}",
+    def start(*flags, workers=2, node_id=7, data=None):
+        """``data``: a data path to (re)use, e.g. a stopped broker's (default: a new one)."""
+        if data is None:
+            data = base / f"data{len(started)}"
+            data.mkdir()
+        args = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}",
+                f"--workers={workers}",
                 f"--node-id={node_id}", *flags]
         n = Nsqd(args, str(data), node_id)
         started.append(n)
@@ -105,15 +72,15 @@ def _factory(base, started):
 
 def _stop_all(started):
     problems = []
-    for n in started:
-        code = n.stop()
-        if code != 0:
+    codes = [n.stop() for n in started]  # all first: a restarted broker shares its data path (and segment names)
+    for n, code in zip(started, codes):
+        if code != getattr(n, "expected_code", 0):
             problems.append(f"nsqd exited with {code}:\n{n.output()}")
         left = n.segments_left()
         if left:
             for e in left:
                 os.unlink(os.path.join("/dev/shm", e))
-            problems.append(f"nsqd left shared memory behind: {left}")
+            problems.append(f"nsqd left shared memory behind: {left}\n{n.output()[-6000:]}")
     if problems:
         pytest.fail("\n".join(problems), pytrace=False)
 

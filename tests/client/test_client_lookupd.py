@@ -1,8 +1,6 @@
 """Discovery through lookupd: URL and reply parsing, a scripted lookupd whose answer changes (a node that
 appears later), and nsqpy's own nsqlookupd with an nsqd registering with it."""
 
-import http.server
-import json
 import os
 import re
 import subprocess
@@ -13,7 +11,7 @@ import pytest
 
 from nsqpy.client import Consumer, Producer
 from nsqpy.client.lookupd import lookup_url, parse_producers
-from tests.client.helpers import addr, unique, wait_until
+from tests.client.helpers import JsonServer, addr, unique, wait_until
 
 
 def test_lookup_url_forms():
@@ -29,37 +27,19 @@ def test_producers_parsed_from_both_reply_forms():
     assert parse_producers(None) == []
 
 
-class FakeLookupd:
+class FakeLookupd(JsonServer):
     """/lookup answers 404 TOPIC_NOT_FOUND until `producers` is set, then lists them (modern form)."""
 
     def __init__(self):
         self.producers = None
         self.queries = 0
-        owner = self
+        super().__init__(self._reply)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                owner.queries += 1
-                if owner.producers is None:
-                    body, status = {"message": "TOPIC_NOT_FOUND"}, 404
-                else:
-                    body, status = {"channels": [], "producers": owner.producers}, 200
-                data = json.dumps(body).encode()
-                self.send_response(status)
-                self.send_header("X-NSQ-Content-Type", "nsq; version=1.0")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = "127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def _reply(self, path):
+        self.queries += 1
+        if self.producers is None:
+            return 404, {"message": "TOPIC_NOT_FOUND"}
+        return 200, {"channels": [], "producers": self.producers}
 
 
 def test_consumer_finds_a_node_that_appears_later_through_lookupd(shared_nsqd):

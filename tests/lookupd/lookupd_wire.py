@@ -13,18 +13,14 @@ from __future__ import annotations
 
 import http.client
 import json
-import os
 import re
-import signal
 import socket
 import struct
-import subprocess
-import sys
-import threading
 import time
 from urllib.parse import quote
 
 from nsqpy.protocol import v1
+from tests.logged_process import LoggedProcess
 
 TCP_RE = re.compile(r"TCP: listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)$")
 HTTP_RE = re.compile(r"HTTP: listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)$")
@@ -43,18 +39,13 @@ def eventually(cond, timeout=DEADLINE, what="condition", pause=0.02):
         time.sleep(pause)  # polling a condition of another process, with a deadline
 
 
-class Lookupd:
+class Lookupd(LoggedProcess):
+    name = "nsqlookupd"
+
     def __init__(self, *flags):
-        self.lines: list[str] = []
-        self._cond = threading.Condition()
-        args = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", *flags]
-        self.proc = subprocess.Popen([sys.executable, "-m", "nsqpy.lookupd.main", *args], stdout=subprocess.PIPE,
-                                     stderr=subprocess.STDOUT, env=dict(os.environ, PYTHONUNBUFFERED="1"),
-                                     start_new_session=True)
-        self._reader = threading.Thread(target=self._read, daemon=True)
-        self._reader.start()
-        tcp = self.wait_for_line(TCP_RE)
-        http = self.wait_for_line(HTTP_RE)
+        super().__init__("nsqpy.lookupd.main", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", *flags])
+        tcp = self.wait_for_line(TCP_RE, DEADLINE)
+        http = self.wait_for_line(HTTP_RE, DEADLINE)
         self.tcp_address = (tcp.group(1), int(tcp.group(2)))
         self.http_address = (http.group(1), int(http.group(2)))
 
@@ -65,33 +56,6 @@ class Lookupd:
     @property
     def http(self) -> str:
         return f"{self.http_address[0]}:{self.http_address[1]}"
-
-    def _read(self):
-        for raw in self.proc.stdout:
-            with self._cond:
-                self.lines.append(raw.decode(errors="replace").rstrip("\n"))
-                self._cond.notify_all()
-        with self._cond:
-            self._cond.notify_all()
-
-    def wait_for_line(self, pattern, timeout=DEADLINE):
-        pattern = re.compile(pattern) if isinstance(pattern, str) else pattern
-        deadline = time.monotonic() + timeout
-        with self._cond:
-            i = 0
-            while True:
-                while i < len(self.lines):
-                    m = pattern.search(self.lines[i])
-                    if m:
-                        return m
-                    i += 1
-                left = deadline - time.monotonic()
-                if left <= 0 or (self.proc.poll() is not None and not self._reader.is_alive()):
-                    raise AssertionError(f"no line matching {pattern.pattern!r}; output:\n{self.output()}")
-                self._cond.wait(left)
-
-    def output(self):
-        return "\n".join(self.lines)
 
     def request(self, method, path, body=None, headers=None):
         """-> (status, {lower-case header: value}, body bytes)."""
@@ -120,18 +84,6 @@ class Lookupd:
         """The tcp ports /lookup lists for ``topic`` (sorted), [] when it is unknown or has none."""
         found = self.lookup(topic)
         return sorted(p["tcp_port"] for p in found["producers"]) if found else []
-
-    def stop(self, timeout=30.0):
-        if self.proc.poll() is None:
-            self.proc.send_signal(signal.SIGTERM)
-        try:
-            code = self.proc.wait(timeout)
-        except subprocess.TimeoutExpired:
-            os.killpg(self.proc.pid, signal.SIGKILL)
-            self.proc.wait()
-            raise AssertionError("nsqlookupd did not stop within its deadline:\n" + self.output())
-        self._reader.join(5)
-        return code
 
 
 # ---- raw V1 ----------------------------------------------------------------------------------------------

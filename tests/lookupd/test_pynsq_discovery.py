@@ -4,46 +4,24 @@ next lookupd poll. Runs the loop the way tests/broker/test_pynsq.py does (a fres
 by a condition with a deadline)."""
 from __future__ import annotations
 
-import asyncio
-
 import nsq
 import pytest
-from tornado.ioloop import IOLoop, PeriodicCallback
 
 from lookupd_wire import eventually
+from tests.broker.test_pynsq import PynsqLoop
 from tests.broker.wire import producer, unique
 
 RUN_DEADLINE = 60.0
 
 
-class Loop:
+class Loop(PynsqLoop):
+    """The broker suite's pynsq loop, for readers that find their nsqd nodes through lookupd only."""
+
     def __init__(self):
-        self.asyncio_loop = asyncio.new_event_loop()
-        asyncio.set_event_loop(self.asyncio_loop)
-        self.io_loop = IOLoop.current()
-        self.readers = []
+        super().__init__(("", 0))
 
     def run_until(self, cond, timeout=RUN_DEADLINE, what="condition"):
-        if cond():
-            return
-        check = PeriodicCallback(lambda: cond() and self.io_loop.stop(), 5)
-        check.start()
-        deadline = self.io_loop.call_later(timeout, self.io_loop.stop)
-        try:
-            self.io_loop.start()
-        finally:
-            check.stop()
-            self.io_loop.remove_timeout(deadline)
-        assert cond(), f"{what} did not hold within {timeout} s"
-
-    def close(self):
-        for r in self.readers:
-            if r.redist_periodic is not None:
-                r.close()
-        self.io_loop.add_callback(self.io_loop.stop)
-        self.io_loop.start()
-        self.io_loop.close(all_fds=True)
-        asyncio.set_event_loop(None)
+        super().run_until(cond, timeout, what)  # lookupd polls add seconds: a longer deadline than the broker's
 
 
 @pytest.fixture

@@ -11,7 +11,7 @@ import threading
 import pytest
 
 from nsqpy.client import Consumer, Producer
-from tests.client.helpers import addr, unique, wait_until
+from tests.client.helpers import JsonServer, addr, unique, wait_until
 from tests.tools.test_tools_pipeline import Tool
 
 
@@ -98,35 +98,20 @@ def test_nsq_to_nsq_relays_and_filters_json(nsqd_factory):
     assert all(set(json.loads(b)) == {"kind", "n"} for b in got)
 
 
-class FakeStats:
+class FakeStats(JsonServer):
     """nsqd's /stats?format=json for one topic/channel, with figures the test sets."""
 
     def __init__(self, topic, channel):
         self.channel = {"channel_name": channel, "depth": 5, "backend_depth": 2, "in_flight_count": 3,
                         "deferred_count": 1, "message_count": 10, "requeue_count": 4, "timeout_count": 0,
                         "client_count": 2}
-        owner = self
+        self.topic = topic
+        super().__init__(self._reply)
 
-        class Handler(http.server.BaseHTTPRequestHandler):
-            def do_GET(self):
-                assert "format=json" in self.path
-                data = json.dumps({"version": "1.3.0", "health": "OK", "topics": [
-                    {"topic_name": topic, "channels": [owner.channel]}]}).encode()
-                self.send_response(200)
-                self.send_header("X-NSQ-Content-Type", "nsq; version=1.0")
-                self.send_header("Content-Length", str(len(data)))
-                self.end_headers()
-                self.wfile.write(data)
-
-            def log_message(self, *args):
-                pass
-        self.server = http.server.ThreadingHTTPServer(("127.0.0.1", 0), Handler)
-        self.address = "127.0.0.1:%d" % self.server.server_address[1]
-        threading.Thread(target=self.server.serve_forever, daemon=True).start()
-
-    def close(self):
-        self.server.shutdown()
-        self.server.server_close()
+    def _reply(self, path):
+        assert "format=json" in path
+        return 200, {"version": "1.3.0", "health": "OK",
+                     "topics": [{"topic_name": self.topic, "channels": [self.channel]}]}
 
 
 def _stat(*args):
