@@ -11,6 +11,7 @@ import json
 import socket
 
 from ipc.fdpass import PeerGone
+from workers.auth import AuthState
 from nsqpy.protocol.errors import ProtocolError
 from nsqpy.protocol.identify import ClientSettings
 from nsqpy.protocol.states import STATE_SUBSCRIBED
@@ -36,9 +37,12 @@ class Connections:
                 return
             sock = socket.socket(fileno=msg.fd)
             sock.setblocking(False)
-            sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
             try:
-                remote = sock.getpeername()[:2]
+                if sock.family == socket.AF_UNIX:  # a relayed TLS/compressed client (workers/transport.py):
+                    remote = None                  # its address travels in the blob
+                else:
+                    sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+                    remote = sock.getpeername()[:2]
             except OSError:
                 sock.close()
                 continue
@@ -77,6 +81,9 @@ class Connections:
         state = {
             "settings": {f: getattr(s.settings, f) for f in s.settings.__dataclass_fields__},
             "connect_ts": s.connect_ts, "unsent": bytes(s.wbuf).hex(), "pub_counts": s.pub_counts, **extra,
+            "remote": list(s.remote), "auth": s.auth.blob() if s.auth is not None else None,
+            "auth_secret": s.auth_secret.hex() if s.auth_secret is not None else None,
+            "common_name": s.common_name, "stats_extra": s.stats_extra,
         }
         blob = json.dumps(state).encode()
         try:
@@ -91,6 +98,8 @@ class Connections:
 
     def _moved_session(self, sock, remote, kind, blob):
         state = json.loads(blob)
+        if remote is None:
+            remote = tuple(state["remote"])
         settings = ClientSettings(**state["settings"])
         if kind == MOVED_SUBSCRIBER:
             parser = V2Parser(self.limits, expect_magic=False, state=STATE_SUBSCRIBED, stop_after_sub=True)
@@ -98,6 +107,12 @@ class Connections:
             parser = V2Parser(self.limits, expect_magic=False, state=state["parser_state"], stop_after_sub=True)
         s = Session(self, sock, self._next_conn(), remote, parser, settings, state["connect_ts"])
         s.pub_counts = state["pub_counts"]
+        if state.get("auth") is not None:
+            s.auth = AuthState.from_blob(state["auth"])
+        if state.get("auth_secret") is not None:
+            s.auth_secret = bytes.fromhex(state["auth_secret"])
+        s.common_name = state.get("common_name", "")
+        s.stats_extra = state.get("stats_extra")
         self.sessions[s.conn_id] = s
         self.control.add_connections(self.index, 1)
         s.start()

@@ -28,6 +28,12 @@ in ``_held_items``, in order. When the owner has made room the worker commits th
 runs (the client is waiting for us, as nsqd's is while it writes to disk); heartbeats still go out. A session
 closed while held loses its parked publish unanswered.
 
+TLS and compression (``workers/transport.py``): when IDENTIFY grants one, the session hands its client socket to a
+relay in this worker and goes on with one end of a socketpair, reading plaintext like any other session (the
+pump's fast path included). AUTH (``workers/auth.py``, mixed in as ``SessionAuth``): the auth server is asked off
+the loop while the session is held, as for a parked publish; with --auth-http-address or --tls-required (before
+the upgrade) the pump's fast path is off for the session, since it makes neither check.
+
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
 beyond NSQ here), leaves its channel, takes the fd out of the pump and the loop and closes the socket.
 """
@@ -35,18 +41,21 @@ import time
 from time import monotonic
 
 from nsqpy.protocol import commands as C
-from nsqpy.protocol.errors import AuthDisabled, Invalid, ProtocolError, PubFailed
+from nsqpy.protocol.errors import Invalid, ProtocolError, PubFailed
 from nsqpy.protocol.frames import CLOSE_WAIT_FRAME, HEARTBEAT_FRAME, OK_FRAME, response_frame
 from nsqpy.protocol.identify import default_client_settings, negotiate_identify
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import V2Parser
+from workers.auth import SessionAuth
+from workers.transport import upgrade
 
 # A client that stops reading must not make the broker buffer without bound: past this many unsent bytes the
 # session stops reading commands (and so stops publishing) until the socket drains.
 MAX_WBUF = 4 * 1024 * 1024
+VERB = {cls: verb for verb, cls in C.VERBS.items()} | {C.FinBatch: "FIN"}
 
 
-class Session:
+class Session(SessionAuth):
     def __init__(self, worker, sock, conn_id, remote, parser=None, settings=None, connect_ts=None):
         self.worker = worker
         self.sock = sock
@@ -74,6 +83,12 @@ class Session:
         self._hb_timer = None
         self._next_heartbeat = None
         self._command_started = 0.0  # time.monotonic() of the read that began the partly received command
+        self.auth = None         # AuthState once an AUTH succeeded (workers/auth.py)
+        self.auth_secret = None  # the AUTH body, for asking again once the state's TTL has passed
+        self.common_name = ""    # the client certificate's CN, sent to the auth server
+        self.stats_extra = None  # TLS details and auth identity for /stats (replaced, never mutated)
+        self._tls_missing = worker.server_settings.tls_required and not self.settings.tls_v1  # (--tls-required)
+        self._auth_on = worker.server_settings.auth_required  # (--auth-http-address)
         self._dispatch = {
             C.Identify: self.on_identify, C.Auth: self.on_auth, C.Sub: self.on_sub, C.Pub: self.on_pub,
             C.Mpub: self.on_mpub, C.Dpub: self.on_dpub, C.Rdy: self.on_rdy, C.Fin: self.on_fin,
@@ -127,9 +142,11 @@ class Session:
         self._note_clean()
 
     def _note_clean(self):
-        """Tell the pump whether it may handle this session's next lone PUB itself (nothing half parsed)."""
+        """Tell the pump whether it may handle this session's next lone PUB itself (nothing half parsed, and no
+        per-command check the pump does not make: AUTH's permissions, --tls-required before the upgrade)."""
         if not self.closed:
-            self.worker.pump.clean[self.fd] = self.parser.idle and not self.closing_after_flush
+            self.worker.pump.clean[self.fd] = self.parser.idle and not self.closing_after_flush and \
+                not self._auth_on and not self._tls_missing
 
     def handle_bytes(self, data):
         """Parse and handle data; returns whether it completed at least one command."""
@@ -147,9 +164,21 @@ class Session:
                     self._fail(cmd)
                     return
                 try:
-                    if self._dispatch[type(cmd)](cmd) is MIGRATED:
+                    if self._tls_missing and type(cmd) is not C.Identify:
+                        raise Invalid(f"cannot {VERB[type(cmd)]} in current state (TLS required)")
+                    result = self._dispatch[type(cmd)](cmd)
+                    if result is MIGRATED:
                         # the parser stops right after a SUB, so all not yet handled is still in its buffer
                         self.worker.migrate(self, cmd, self.parser.take_buffer())
+                        return
+                    if result is UPGRADED:
+                        if k + 1 < len(items):  # commands pipelined after it were not the TLS/compressed stream
+                            self.close()
+                            return
+                        upgrade(self, self.parser.take_buffer())  # what is buffered belongs to the new stream
+                        return
+                    if result is AUTH_PENDING:  # asking the auth server again: this command waits for it
+                        self._held_items = items[k:]
                         return
                 except ProtocolError as err:
                     self._fail(err)
@@ -262,24 +291,42 @@ class Session:
     # ---- handlers (one per verb; the parser already checked state, params, names, sizes) ---------------
     def on_identify(self, cmd):
         self.settings, reply = negotiate_identify(cmd.body, self.worker.server_settings, self.settings)
+        self._tls_missing = self.worker.server_settings.tls_required and not self.settings.tls_v1
         self.write(response_frame(reply))
         self._arm_heartbeat()
+        if self.settings.tls_v1 or self.settings.snappy or self.settings.deflate:
+            return UPGRADED
 
-    def on_auth(self, cmd):
-        raise AuthDisabled("AUTH disabled")
+    # ---- TLS and compression (workers/transport.py relays them; this session then speaks plaintext) --------
+    def start_relayed(self):
+        """``upgrade`` moved this session onto its end of the relay's socketpair: read it like any socket."""
+        self.worker.pump.add(self, monotonic())
+        self._note_clean()
+
+    def tls_established(self, details):
+        self.common_name = details.pop("common_name", "")
+        self.stats_extra = {**(self.stats_extra or {}), **details}
 
     def on_sub(self, cmd):
         if self.settings.heartbeats_disabled:
             raise Invalid("cannot SUB with heartbeats disabled")
+        if self._auth_on and not self._authorized("SUB", cmd.topic, cmd.channel):
+            return AUTH_PENDING
         return self.worker.subscribe(self, cmd.topic, cmd.channel)
 
     def on_pub(self, cmd):
+        if self._auth_on and not self._authorized("PUB", cmd.topic):
+            return AUTH_PENDING
         self.worker.publish(self, cmd.topic, [cmd.body], 0, "PUB")
 
     def on_mpub(self, cmd):
+        if self._auth_on and not self._authorized("MPUB", cmd.topic):
+            return AUTH_PENDING
         self.worker.publish_mpub(self, cmd)
 
     def on_dpub(self, cmd):
+        if self._auth_on and not self._authorized("DPUB", cmd.topic):
+            return AUTH_PENDING
         self.worker.publish(self, cmd.topic, [cmd.body], cmd.defer_ms, "DPUB")
 
     def pub_failed(self, topic):
@@ -380,4 +427,6 @@ class Session:
 
 
 MIGRATED = object()  # returned by a SUB handler when the connection moved to the topic's owner
+UPGRADED = object()  # returned by IDENTIFY when it granted TLS or compression: the relay takes the socket
+AUTH_PENDING = object()  # returned by SUB/PUB/MPUB/DPUB while the auth server is asked again (TTL passed)
 

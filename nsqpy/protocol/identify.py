@@ -37,6 +37,7 @@ class ServerSettings:
     deflate_enabled: bool = True
     max_deflate_level: int = 6
     auth_required: bool = False               # any --auth-http-address
+    tls_required: bool = False                # --tls-required true or tcp-https: commands but IDENTIFY need TLS
     topology_in_response: bool = False        # [master] adds topology_region/zone to the JSON response
 
 

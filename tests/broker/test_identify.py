@@ -22,7 +22,8 @@ def test_plain_ok_without_feature_negotiation(addr):
 
 def test_feature_negotiation_reply(addr):
     with Conn(addr) as c:
-        reply = c.identify(feature_negotiation=True, tls_v1=True, snappy=True, deflate=True, deflate_level=3,
+        # no certificate: tls_v1 is refused; deflate_level is 6 unless deflate is granted
+        reply = c.identify(feature_negotiation=True, tls_v1=True, deflate_level=3,
                            msg_timeout=5000, sample_rate=10, output_buffer_size=512, output_buffer_timeout=100)
         assert reply == {
             "max_rdy_count": 2500, "version": "1.3.0", "max_msg_timeout": 900000, "msg_timeout": 5000,
