@@ -3,6 +3,7 @@ forks: the children inherit the machine code, so none of them stalls its first c
 milliseconds a kernel takes to load, or seconds to compile on a cold cache, and a restarted child is ready at
 once. Each step drives the real classes on throwaway memory with the argument types production uses.
 """
+import os
 import select
 import socket
 import time
@@ -151,15 +152,77 @@ def _pump():
         there.close()
 
 
-def warm_up(prefix):
-    """prefix: this broker's segment-name prefix (the log step needs real shared memory briefly)."""
-    _protocol()
-    _rings()
-    _timers()
-    _inflight()
-    _deferred()
-    _log(prefix.rstrip("-"))
-    _pump()
-    records.warm_up()
-    statrows.warm_up()
-    stats.warm_up()
+def _persistence():
+    from ipc import diskqueue_kernels as DK
+    frame = np.frombuffer(enc.pub("t", b"x")[:0] + b"\x00\x00\x00\x1f\x00\x00\x00\x02" + bytes(8) + bytes(2)
+                          + b"0123456789abcdef" + b"x", np.uint8).copy()
+    end = DK.frames_to_records(frame, len(frame))
+    cols = [np.zeros(2, np.int64) for _ in range(5)]
+    DK.scan_records(frame, 0, end, 1 << 20, *cols)
+
+
+def _steps(prefix):
+    """The warm-up steps, costliest first (they are dealt out to the compiling processes in this order)."""
+    return [lambda: _log(prefix.rstrip("-")), _pump, _inflight, _rings, _protocol, _timers, _deferred, _persistence,
+            records.warm_up, statrows.warm_up, stats.warm_up]
+
+
+def _compile_in_parallel(steps, processes, log):
+    """Cold cache: each of ``processes`` forked children runs a share of the steps, so that numba compiles them
+    on every core at once and writes them to its cache; the caller then loads them all (milliseconds each).
+    Forking here is safe: the supervisor has no thread yet and numba has compiled nothing."""
+    shares = [steps[i::processes] for i in range(processes)]
+    pids = []
+    for share in shares:
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                for step in share:
+                    step()
+                code = 0
+            finally:
+                os._exit(code)
+        pids.append(pid)
+    failed = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in pids)
+    if failed and log is not None:
+        log.warn(f"{failed} of {processes} kernel-compiling processes failed; compiling the rest here")
+
+
+WARM_MARK = ".nsqpy-warmed"   # in numba's cache directory once a warm-up there completed
+
+
+def _mark_path():
+    from ipc import numba_cache
+    if not numba_cache.CACHE_ENABLED or not numba_cache.CACHE_DIR:
+        return None
+    return os.path.join(numba_cache.CACHE_DIR, WARM_MARK)
+
+
+def cache_is_cold():
+    """True when no warm-up has completed with numba's cache directory of this version (a first start): some
+    kernels compile at import, so the directory is never empty by then; a mark file says when it is complete."""
+    path = _mark_path()
+    return path is not None and not os.path.exists(path)
+
+
+def warm_up(prefix, log=None, processes=None):
+    """prefix: this broker's segment-name prefix (the log step needs real shared memory briefly). On a cold cache
+    (the first start after an install or upgrade) the kernels compile in parallel processes, one line saying so."""
+    steps = _steps(prefix)
+    if cache_is_cold():
+        processes = max(1, min(len(steps), processes or os.cpu_count() or 1))
+        if log is not None:
+            log.info(f"compiling the broker's kernels for this version ({processes} processes; the first start "
+                     f"after an install or upgrade only)")
+        if processes > 1:
+            _compile_in_parallel(steps, processes, log)
+    for step in steps:
+        step()
+    path = _mark_path()
+    if path is not None and not os.path.exists(path):
+        try:
+            with open(path, "w"):
+                pass
+        except OSError:
+            pass  # a read-only cache: the next start compiles in parallel again, nothing worse

@@ -1,0 +1,74 @@
+"""How long nsqd takes to listen on its first start after an install (numba's cache empty: every kernel compiles)
+and on later starts (loaded from the cache), optionally next to another checkout (a commit before a change).
+
+    python -m benchmarks.first_start [--rounds=2] [--workers=2] [--baseline-checkout=DIR] [--out=FILE]
+
+Each start gets a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py) and a fresh data path; the
+time is from exec to the `TCP: listening on` line. Checkouts alternate within a round, so a drift in the
+machine's load hits both alike. Prints one JSON line (commit, cores, command).
+"""
+import argparse
+import os
+import shutil
+import signal
+import statistics
+import subprocess
+import sys
+import tempfile
+import time
+
+from benchmarks.common import emit, environment, log
+from benchmarks.process import LISTENING, REPO
+
+
+def start_time(checkout, cache_home, workers):
+    data = tempfile.mkdtemp(prefix="nsqpy-first-")
+    env = dict(os.environ, XDG_CACHE_HOME=cache_home, PYTHONUNBUFFERED="1")
+    env.pop("NUMBA_CACHE_DIR", None)
+    t0 = time.monotonic()
+    proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
+                             f"--data-path={data}", f"--workers={workers}"], cwd=checkout, env=env,
+                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        for line in proc.stdout:
+            if LISTENING.search(line):
+                return time.monotonic() - t0
+        raise SystemExit(f"{checkout}: nsqd exited with {proc.wait()} before listening")
+    finally:
+        proc.send_signal(signal.SIGTERM)
+        proc.wait(120)
+        shutil.rmtree(data, ignore_errors=True)
+
+
+def main(argv=None):
+    p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--baseline-checkout", default="")
+    p.add_argument("--out", default="")
+    opts = p.parse_args(argv)
+    checkouts = {"current": REPO}
+    if opts.baseline_checkout:
+        checkouts["baseline"] = opts.baseline_checkout
+    runs = {name: {"cold_s": [], "warm_s": []} for name in checkouts}
+    for r in range(opts.rounds):
+        for name, checkout in checkouts.items():
+            cache = tempfile.mkdtemp(prefix="nsqpy-cache-")
+            try:
+                cold = start_time(checkout, cache, opts.workers)
+                warm = start_time(checkout, cache, opts.workers)
+            finally:
+                shutil.rmtree(cache, ignore_errors=True)
+            runs[name]["cold_s"].append(round(cold, 2))
+            runs[name]["warm_s"].append(round(warm, 2))
+            log(f"round {r} {name}: cold {cold:.1f}s, warm {warm:.2f}s")
+    medians = {name: {k: statistics.median(v) for k, v in figs.items()} for name, figs in runs.items()}
+    result = dict(environment(), tool="first_start", workers=opts.workers, runs=runs, medians=medians)
+    if "baseline" in medians:
+        result["cold_ratio_current_to_baseline"] = round(medians["current"]["cold_s"] / medians["baseline"]["cold_s"],
+                                                         3)
+    emit(result, opts.out)
+
+
+if __name__ == "__main__":
+    main()
