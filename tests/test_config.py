@@ -46,11 +46,13 @@ NSQD_DEFAULTS = [
     ("max-disk-bytes-per-topic", str(16 << 30)),  # nsqpy only
     ("crash-on-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
+    ("http-workers", "2"), ("http-worker-class", "asgi"),
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
     ("log-prefix", "[nsqlookupd] "), ("tcp-address", "0.0.0.0:4160"), ("http-address", "0.0.0.0:4161"),
     ("broadcast-address", HOST), ("inactive-producer-timeout", "5m0s"), ("tombstone-lifetime", "45s"),
+    ("http-workers", "2"),  # nsqpy only
 ]
 NSQADMIN_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
@@ -105,7 +107,8 @@ def test_node_id_is_crc32_of_md5_of_hostname():
 def test_nsqpy_only_options_are_marked_and_documented():
     extras = [spec for spec in NsqdOptions.specs() if spec.nsqpy_only]
     assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic", "crash-on-body", "ring-budget",
-                                              "external-producers", "max-in-flight-per-worker"]
+                                              "external-producers", "max-in-flight-per-worker", "http-workers",
+                                              "http-worker-class"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 
 
@@ -439,15 +442,13 @@ def test_help_prints_usage_and_exits_0(flag, capsys):
     assert flags == sorted("-" + spec.name for spec in NsqdOptions.specs())
     assert "  -msg-timeout duration\n    \tdefault time a client has before a message is requeued " \
            "automatically (default 1m0s)\n" in err
-    assert "  -deflate\n    \tlet clients negotiate deflate compression [nsqpy: not used yet: deflate is not " \
-           "implemented, IDENTIFY answers deflate false] (default true)\n" in err
-    assert "  -tls-cert string\n    \tpath to the TLS certificate file [nsqpy: not supported yet (TLS); nsqd " \
-           "refuses to start when this is set]\n" in err
+    assert "  -deflate\n    \tlet clients negotiate deflate compression (default true)\n" in err
+    assert "  -tls-cert string\n    \tpath to the TLS certificate file\n" in err
     assert '  -tcp-address string\n    \t<addr>:<port> (or a unix socket path) for TCP clients [nsqpy: not ' \
            'supported yet (unix socket listeners); nsqd refuses to start given a unix socket path] ' \
            '(default "0.0.0.0:4150")\n' in err
-    assert "  -lookupd-tcp-address value\n    \tnsqlookupd TCP address (repeatable) [nsqpy: not used yet: nsqd " \
-           "does not register with nsqlookupd yet]\n" in err
+    assert "  -lookupd-tcp-address value\n    \tnsqlookupd TCP address (repeatable) [nsqpy: registers topics and " \
+           "channels within ~0.3 s of a change" in err
     assert "(default: the number of CPUs) (default %d)" % os.cpu_count() in err
 
 

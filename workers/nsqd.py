@@ -16,12 +16,18 @@ import time
 from nsqpy.config import NsqdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
+from nsqpy.store import metadata
 from workers.acceptor import acceptor_main
+from workers import lookupd_link
+from workers.http import bind_http, bind_https, http_main, http_slots, shown_address, split_slots, statsd_main
+from workers.metasync import MetadataSync
 from workers.plan import Plan
+from workers.salvage import SalvageError, salvage
 from workers.scanner import scanner_main
 from workers.supervisor import Supervisor
+from workers.tls_context import server_context
 from workers.warmup import warm_up
-from workers.worker import worker_main
+from workers.worker import EXIT_UNSAVED, worker_main
 
 NSQ_VERSION = "1.3.0"
 
@@ -30,6 +36,8 @@ def version_string():
     return f"nsqd v{NSQ_VERSION}-nsqpy (built w/{platform.python_implementation().lower()}{platform.python_version()})"
 
 
+SHUTDOWN_TIMEOUT = 60.0  # seconds the workers get to save their messages at a stop (then they are killed and
+                         # the next start salvages what they left in shared memory)
 MAPS_PER_TOPIC = 4      # control block, segment window, its first segment, slack for a spill segment
 MAPS_RESERVED = 2000    # the interpreter, numpy, numba and the broker's own segments
 
@@ -44,19 +52,25 @@ def topics_per_worker():
     return max(0, limit - MAPS_RESERVED) // MAPS_PER_TOPIC
 
 
-def main(argv=None):
-    opts = NsqdOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqd")
-    if opts.version:
-        print(version_string())
-        return 0
-    log = Logger(opts.log_prefix, opts.log_level.name.lower())
-    support = check_support(opts)  # before anything is created: a refused flag leaves nothing behind
+class StartError(RuntimeError):
+    """A reason nsqd cannot start: one FATAL line, exit code 1."""
+
+
+def _check(opts, log):
+    """Refused flags and a bad TLS certificate stop nsqd before anything is created; -> the support report."""
+    support = check_support(opts)
     for line in support.refusals:
         log.fatal(line)
     if support.refusals:
-        return 1
-    sup = Supervisor(log)
-    sup.trap_stop_signals()
+        raise StartError(None)
+    try:  # as in nsqd (each worker loads its own context after fork)
+        server_context(opts)
+    except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
+        raise StartError(f"failed to load TLS certificate/key: {e}") from None
+    return support
+
+
+def _say_hello(log, opts, support):
     log.info(version_string())
     log.info(f"ID: {opts.node_id}")
     for line in support.warnings:
@@ -67,33 +81,117 @@ def main(argv=None):
     if per_worker is not None and per_worker < 100_000:
         log.info(f"vm.max_map_count allows about {per_worker} topics per worker ({per_worker * max(1, opts.workers)} "
                  f"in all); deploy/sysctl.d/60-nsqpy.conf raises it")
-    plan = Plan(opts, log)
+
+
+def _prepare(plan, opts, log):
+    """Warm-up, salvage of a crashed instance, shared memory and listeners; -> (tcp address, http, https)."""
+    try:
+        metadata.load(plan.data_path)  # a corrupt nsqd.dat stops nsqd here, as Go nsqd: never forget topics
+    except ValueError as e:
+        raise StartError(str(e)) from None
     try:
         t0 = time.monotonic()
-        warm_up(plan.prefix)
+        warm_up(plan.prefix, log)
         log.debug(f"kernels ready in {time.monotonic() - t0:.2f}s")
+        salvage(plan, log)  # what a crashed instance of this data path left in shared memory, to disk first
         plan.create()
-        host, port = plan.bind()
+        address = plan.bind()
+        http_sock = bind_http(opts)  # before fork, like the TCP listener: the HTTP child restarts on it
+        https_sock = bind_https(opts) if http_sock is not None else None
+    except SalvageError as e:
+        raise StartError(str(e)) from None
     except (OSError, ValueError) as e:  # ValueError: a --tcp-address whose port is not a number
-        log.fatal(f"failed to start: {e}")
         plan.destroy()
-        return 1
-    sup.cleanups.append(plan.destroy)
+        raise StartError(f"failed to start: {e}") from None
+    return address, http_sock, https_sock
+
+
+def _add_broker(sup, plan, log):
+    """The acceptor, the workers and the scanner, stopped in that order (what feeds the workers first)."""
     sup.add("acceptor", lambda restarted, ready: acceptor_main(plan, restarted, ready, log))
     for w in range(plan.workers):
-        sup.add(f"worker {w}", lambda restarted, ready, w=w: worker_main(plan, w, restarted, ready, log))
-    sup.add("scanner", lambda restarted, ready: scanner_main(plan, restarted, ready, log))
+        sup.add(f"worker {w}", lambda restarted, ready, w=w: worker_main(plan, w, restarted, ready, log),
+                stop_order=1, restart_to_stop=True)
+    sup.add("scanner", lambda restarted, ready: scanner_main(plan, restarted, ready, log), stop_order=2)
     counters = {f"worker {w}": w for w in range(plan.workers)}
     counters["scanner"] = -1
     sup.on_restart = lambda child: child.name in counters and plan.control.count_restart(counters[child.name])
+
+
+def _add_http(sup, plan, opts, log, http_sock, https_sock):
+    """gunicorn arbiters for HTTP (and HTTPS, on producer slots of its own), and the statsd pusher."""
+    if not http_slots(plan):
+        raise StartError("the HTTP API needs at least 2 --external-producers (one producer slot per HTTP worker, "
+                         "one for nsqlookupd); set --http-address= to run without it")
+    plan.http_port = http_sock.getsockname()[1]
+    sup.cleanups.append(http_sock.close)
+    plain_slots, tls_slots = split_slots(plan, https_sock is not None)
+    if https_sock is not None:
+        if not tls_slots:
+            raise StartError("HTTPS needs producer slots of its own: raise --external-producers or set "
+                             "--https-address=")
+        plan.https_port = https_sock.getsockname()[1]
+        sup.cleanups.append(https_sock.close)
+        sup.add("https", lambda restarted, ready: http_main(
+            plan, https_sock, restarted, ready, log, version_string(), len(tls_slots), opts.http_worker_class,
+            8, tls_slots, tls=True))
+    sup.add("http", lambda restarted, ready: http_main(plan, http_sock, restarted, ready, log, version_string(),
+                                                       opts.http_workers, opts.http_worker_class, 8, plain_slots))
+    if opts.statsd_address:
+        sup.add("statsd", lambda restarted, ready: statsd_main(plan, restarted, ready, log, plan.http_port))
+
+
+def _add_lookupd(sup, plan, log):
+    """Registration with nsqlookupd (workers/lookupd_link.py)."""
+    lookupd_link.prepare(plan)
+    sup.cleanups.append(lambda: lookupd_link.remove_state(plan))
+    sup.add("lookupd", lambda restarted, ready: lookupd_link.lookupd_main(plan, restarted, ready, log))
+
+
+def main(argv=None):
+    opts = NsqdOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqd")
+    if opts.version:
+        print(version_string())
+        return 0
+    log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    plan = None
+    try:
+        support = _check(opts, log)
+        sup = Supervisor(log, shutdown_timeout=SHUTDOWN_TIMEOUT)
+        sup.trap_stop_signals()
+        _say_hello(log, opts, support)
+        plan = Plan(opts, log)
+        (host, port), http_sock, https_sock = _prepare(plan, opts, log)
+        sync = MetadataSync(plan, NSQ_VERSION)
+        _add_broker(sup, plan, log)
+        if http_sock is not None:
+            _add_http(sup, plan, opts, log, http_sock, https_sock)
+        if opts.lookupd_tcp_address:
+            _add_lookupd(sup, plan, log)
+    except StartError as e:
+        if e.args[0]:
+            log.fatal(e.args[0])
+        if plan is not None:
+            plan.destroy()  # nothing was forked: no message can be in the new segments yet
+        return 1
+    sup.cleanups.append(lambda: plan.destroy() if sup.clean_exit else plan.keep())
+    # cleanups run last first: nsqd.dat before the journals go; only once the broker ran (a start that failed
+    # half-way must not replace a good nsqd.dat by what its workers had loaded so far)
+    sup.cleanups.append(lambda: sup.periodic and sync.poll(force=True))
     sup.start()
     if not sup.wait_ready():
         log.fatal("a process failed to start")
         sup.shutdown()
         return 1
+    sup.periodic.append(sync.poll)
     shown = f"[{host}]" if ":" in host else host
     log.info(f"TCP: listening on {shown}:{port}")
-    return sup.run()
+    if http_sock is not None:
+        log.info(f"HTTP: listening on {shown_address(http_sock)}")
+    if https_sock is not None:
+        log.info(f"HTTPS: listening on {shown_address(https_sock)}")
+    code = sup.run()
+    return code or (0 if sup.clean_exit else EXIT_UNSAVED)
 
 
 if __name__ == "__main__":

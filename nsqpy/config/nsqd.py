@@ -30,15 +30,16 @@ TLS_CLIENT_AUTH_POLICY = Choice(
 AUTH_HTTP_REQUEST_METHOD = Choice({"get": "get", "post": "post"}, "must be 'post' or 'get'")
 
 # What nsqpy does not do yet (nsqpy.config.support): refused security features, options without effect.
-TLS = Refused("TLS", "serve clients in clear text")
-AUTH = Refused("authorization", "serve every client without AUTH")
-NO_LOOKUPD = Unused("nsqd does not register with nsqlookupd yet")
-NO_HTTP_CLIENT = Unused("nsqd makes no outgoing HTTP requests yet (no auth server)")
+NO_PRECREATE = Differs("registers topics and channels within ~0.3 s of a change, not at once; a new topic gets "
+                       "the channels lookupd knows for it just as late, so messages published in that window go "
+                       "to the first of them only")
+NO_LOOKUPD_HTTP = Differs("used for the auth servers' requests (one timeout: the larger of the two)")
 NO_TOPOLOGY = Unused("topology-aware consumption is not implemented")
-NO_SYNC = Unused("disk segments are not fsynced: they outlive a crash of nsqd, not of the machine")
+SYNC = Differs("applies to durable topics (--mem-queue-size=0: messages and control blocks in files), as group "
+               "commit: at most one fdatasync per file and loop iteration; other topics keep messages in memory "
+               "(and in unsynced spill files) until a stop saves them")
 NO_SAMPLING = Unused("in-flight timeouts and deferred messages wait in heaps and each fires when due, "
                      "without sampling channels")
-NO_STATSD = Unused("no stats are pushed to statsd")
 NO_E2E = Unused("end-to-end latency percentiles are not computed")
 
 
@@ -84,31 +85,26 @@ class NsqdOptions(DaemonOptions):
                               support=Refused("unix socket listeners", applies=lambda address: ":" not in address,
                                               when="given a unix socket path"))
     http_address: str = option(Str(), "0.0.0.0:4151", "<addr>:<port> (or a unix socket path) for HTTP clients; "
-                               "empty to disable", support=Unused(
-                                   "the HTTP API is not served, nothing listens on it",
-                                   note="the HTTP API is not served yet: nothing listens on {value} "
-                                        "(--http-address); /ping, /pub, /stats and the other endpoints are "
-                                        "not available",
-                                   honoured=lambda address: address == ""))
+                               "empty to disable",
+                               support=Refused("unix socket listeners",
+                                               applies=lambda address: address != "" and ":" not in address,
+                                               when="given a unix socket path"))
     https_address: str = option(Str(), "0.0.0.0:4152", "<addr>:<port> for HTTPS clients (used only with "
-                                "--tls-cert and --tls-key)", support=Unused("nothing listens on it (HTTPS needs "
-                                                                            "TLS, not supported yet)"))
+                                "--tls-cert and --tls-key)")
     broadcast_address: str = option(Str(), None, "address registered with nsqlookupd (default: the OS hostname)",
-                                     factory=hostname, support=NO_LOOKUPD)
-    broadcast_tcp_port: int = option(Int(), 0, "TCP port registered with nsqlookupd (0: the port listened on)",
-                                     support=NO_LOOKUPD)
-    broadcast_http_port: int = option(Int(), 0, "HTTP port registered with nsqlookupd (0: the port listened on)",
-                                      support=NO_LOOKUPD)
+                                     factory=hostname)
+    broadcast_tcp_port: int = option(Int(), 0, "TCP port registered with nsqlookupd (0: the port listened on)")
+    broadcast_http_port: int = option(Int(), 0, "HTTP port registered with nsqlookupd (0: the port listened on)")
     lookupd_tcp_address: list[str] = option(StrList(), [], "nsqlookupd TCP address (repeatable)",
-                                            cfg="nsqlookupd_tcp_addresses", support=NO_LOOKUPD)
+                                            cfg="nsqlookupd_tcp_addresses", support=NO_PRECREATE)
     auth_http_address: list[str] = option(StrList(), [], "auth server as <addr>:<port> or a full URL "
-                                          "(repeatable)", cfg="auth_http_addresses", support=AUTH)
+                                          "(repeatable)", cfg="auth_http_addresses")
     auth_http_request_method: str = option(AUTH_HTTP_REQUEST_METHOD, "get", "HTTP method for auth requests: "
-                                           "get or post", support=NO_HTTP_CLIENT)
+                                           "get or post")
     http_client_connect_timeout: int = option(Duration(), 2 * SECOND, "connect timeout for requests to "
-                                              "nsqlookupd and auth servers", support=NO_HTTP_CLIENT)
+                                              "nsqlookupd and auth servers", support=NO_LOOKUPD_HTTP)
     http_client_request_timeout: int = option(Duration(), 5 * SECOND, "whole-request timeout for requests to "
-                                              "nsqlookupd and auth servers", support=NO_HTTP_CLIENT)
+                                              "nsqlookupd and auth servers", support=NO_LOOKUPD_HTTP)
     topology_region: str = option(Str(), "", "region of this node, for topology-aware consumption",
                                   support=NO_TOPOLOGY)
     topology_zone: str = option(Str(), "", "zone of this node, for topology-aware consumption",
@@ -119,24 +115,24 @@ class NsqdOptions(DaemonOptions):
 
     data_path: str = option(Str(), "", "directory for nsqd.dat and the disk queues (default: the working "
                             "directory)", support=Differs(
-                                "no nsqd.dat; holds the disk tier of the topics' logs, the workers' topic "
-                                "journals and set-aside messages (quarantine/); a clean shutdown deletes every "
-                                "topic and its messages",
-                                note="topics and messages are not kept across a restart of nsqd yet: a shutdown "
-                                     "deletes them (they survive the crash of a worker process, not a restart of "
-                                     "nsqd)"))
+                                "also holds the disk tier of the topics' logs, the workers' topic journals and "
+                                "set-aside messages (quarantine/); the disk queues (NSQ's format) are written at a "
+                                "clean stop and after a crash, and read at start"))
     mem_queue_size: int = option(Int(), 10000, "memory budget of each topic, in units of 1 KiB (NSQ counts "
                                  "messages, per topic and per channel; nsqpy counts bytes, per topic, and its "
                                  "channels share the topic's one log): the topic keeps up to this x 1024 bytes of "
                                  "messages in shared memory, rounded up to whole log segments (at least two, "
                                  "8 MiB each unless --max-msg-size needs bigger ones); beyond that its messages "
-                                 "go to files under --data-path (#ephemeral topics drop them, as in NSQ)")
+                                 "go to files under --data-path (#ephemeral topics drop them, as in NSQ). 0: every "
+                                 "message on disk with the topic's control block, synced by --sync-every and "
+                                 "--sync-timeout, and recovered after a reboot")
     max_bytes_per_file: int = option(Int(), 104857600, "bytes per disk-queue file before it rolls",
-                                     support=Unused("disk files are log segments of 8 MiB (or the power of two "
-                                                    "that holds a --max-msg-size message); a topic's disk use is "
-                                                    "bounded by --max-disk-bytes-per-topic"))
-    sync_every: int = option(Int(), 2500, "messages written to a disk queue between fsyncs", support=NO_SYNC)
-    sync_timeout: int = option(Duration(), 2 * SECOND, "longest time between disk-queue fsyncs", support=NO_SYNC)
+                                     support=Differs("used by the disk queues written at a stop; while running, "
+                                                     "a topic's disk tier is log segments of 8 MiB (or the power "
+                                                     "of two that holds a --max-msg-size message), bounded by "
+                                                     "--max-disk-bytes-per-topic"))
+    sync_every: int = option(Int(), 2500, "messages written to a disk queue between fsyncs", support=SYNC)
+    sync_timeout: int = option(Duration(), 2 * SECOND, "longest time between disk-queue fsyncs", support=SYNC)
     queue_scan_worker_pool_max: int = option(Int(), 4, "most workers scanning in-flight and deferred "
                                              "timeouts at once", support=NO_SAMPLING)
     queue_scan_selection_count: int = option(Int(), 20, "channels sampled per scan (every 100ms) for "
@@ -162,44 +158,32 @@ class NsqdOptions(DaemonOptions):
                                         "iteration)")
     max_channel_consumers: int = option(Int(), 0, "most consumer connections per channel (0: no limit)")
 
-    statsd_address: str = option(Str(), "", "UDP <addr>:<port> of a statsd daemon to push stats to",
-                                 support=NO_STATSD)
-    statsd_interval: int = option(Duration(), 60 * SECOND, "time between statsd pushes", support=NO_STATSD)
-    statsd_mem_stats: bool = option(Bool(), True, "include memory and GC stats in statsd pushes",
-                                    support=NO_STATSD)
-    statsd_prefix: str = option(Str(), "nsq.%s", "prefix of statsd keys (%s becomes the host and port)",
-                                support=NO_STATSD)
-    statsd_udp_packet_size: int = option(Int(), 508, "size of statsd UDP packets, in bytes", support=NO_STATSD)
+    statsd_address: str = option(Str(), "", "UDP <addr>:<port> of a statsd daemon to push stats to")
+    statsd_interval: int = option(Duration(), 60 * SECOND, "time between statsd pushes")
+    statsd_mem_stats: bool = option(Bool(), True, "include memory and GC stats in statsd pushes")
+    statsd_prefix: str = option(Str(), "nsq.%s", "prefix of statsd keys (%s becomes the host and port)")
+    statsd_udp_packet_size: int = option(Int(), 508, "size of statsd UDP packets, in bytes")
     statsd_exclude_ephemeral: bool = option(Bool(), False, "leave #ephemeral topics and channels out of "
-                                            "statsd", support=NO_STATSD)
+                                            "statsd")
     e2e_processing_latency_percentile: list[float] = option(
         Percentiles(), [], "end-to-end latency percentile to track, in (0,1] (repeatable or "
         "comma-separated, e.g. 1.0,0.99,0.95)", cfg="e2e_processing_latency_percentiles", support=NO_E2E)
     e2e_processing_latency_window_time: int = option(Duration(), 10 * MINUTE, "time window the latency "
                                                      "percentiles cover", support=NO_E2E)
 
-    tls_cert: str = option(Str(), "", "path to the TLS certificate file", support=TLS)
-    tls_key: str = option(Str(), "", "path to the TLS key file", support=TLS)
+    tls_cert: str = option(Str(), "", "path to the TLS certificate file")
+    tls_key: str = option(Str(), "", "path to the TLS key file")
     tls_client_auth_policy: str = option(TLS_CLIENT_AUTH_POLICY, "", "client certificate policy: require or "
-                                         "require-verify (either implies --tls-required)", support=TLS)
+                                         "require-verify (either implies --tls-required)")
     tls_root_ca_file: str = option(Str(), "", "path to the CA file used to verify client certificates and "
-                                   "auth servers", support=TLS)
+                                   "auth servers")
     tls_required: TLSRequired = option(TLS_REQUIRED, TLSRequired.NOT_REQUIRED, "require TLS from clients: "
-                                       "true, false or tcp-https (TCP only)", support=TLS)
+                                       "true, false or tcp-https (TCP only)")
     tls_min_version: TLSVersion = option(TLS_MIN_VERSION, TLSVersion.TLS1_0, "lowest TLS version accepted: "
-                                         "tls1.0, tls1.1, tls1.2 or tls1.3", support=TLS)
-    deflate: bool = option(Bool(), True, "let clients negotiate deflate compression", support=Unused(
-        "deflate is not implemented, IDENTIFY answers deflate false",
-        note="deflate compression is not implemented yet: IDENTIFY answers deflate false, so clients that ask "
-             "for it talk uncompressed (--deflate)",
-        honoured=lambda enabled: not enabled))
-    max_deflate_level: int = option(Int(1, 9), 6, "highest deflate level a client may negotiate (1-9)",
-                                    support=Unused("deflate is not implemented; IDENTIFY only reports this value"))
-    snappy: bool = option(Bool(), True, "let clients negotiate snappy compression", support=Unused(
-        "snappy is not implemented, IDENTIFY answers snappy false",
-        note="snappy compression is not implemented yet: IDENTIFY answers snappy false, so clients that ask "
-             "for it talk uncompressed (--snappy)",
-        honoured=lambda enabled: not enabled))
+                                         "tls1.0, tls1.1, tls1.2 or tls1.3")
+    deflate: bool = option(Bool(), True, "let clients negotiate deflate compression")
+    max_deflate_level: int = option(Int(1, 9), 6, "highest deflate level a client may negotiate (1-9)")
+    snappy: bool = option(Bool(), True, "let clients negotiate snappy compression")
 
     # nsqpy's own options: not in NSQ; each help says so.
     workers: int = option(Int(1), None, "nsqpy only: number of broker worker processes sharing the "
@@ -226,6 +210,13 @@ class NsqdOptions(DaemonOptions):
                                            "in flight or requeued at once (its in-flight table's slots); past "
                                            "that its channels wait until slots are freed. Slots take /dev/shm "
                                            "(~170 bytes each with their timer) only once used", nsqpy_only=True)
+    http_workers: int = option(Int(1, 64), 2, "nsqpy only: gunicorn worker processes serving the HTTP API (at "
+                               "most --external-producers - 1: each takes one producer slot)", nsqpy_only=True)
+    http_worker_class: str = option(Choice({"sync": "sync", "gthread": "gthread", "asgi": "asgi"},
+                                           "must be sync, gthread or asgi"), "asgi",
+                                    "nsqpy only: gunicorn worker class of the HTTP API: asgi (the fastest, "
+                                    "benchmarks/results/http_bench.json), sync or gthread (8 threads each)",
+                                    nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.

@@ -376,3 +376,65 @@ def test_a_million_messages_through_a_small_memory_queue_and_a_restart(nsqd_fact
         seen.add(m.body[:9])
         c.send(C.fin(m.id))
     c.close()
+
+
+def _http(n, method, path):
+    import urllib.request
+    req = urllib.request.Request(f"http://{n.http_address[0]}:{n.http_address[1]}{path}", method=method)
+    with urllib.request.urlopen(req, timeout=30) as r:
+        return r.status, r.read()
+
+
+def test_sigterm_under_load_restores_messages_paused_flags_and_empty_channels(nsqd_factory):
+    """SIGTERM while producers publish and a consumer FINs and REQs (with delays): after the restart every
+    acknowledged message that was not finished comes back, the paused channel stays paused (until unpaused over
+    HTTP) and an empty channel still exists."""
+    n1 = nsqd_factory(workers=2)
+    topic = unique()
+    acked, received = [], []
+    _http(n1, "POST", f"/topic/create?topic={topic}")
+    _http(n1, "POST", f"/channel/create?topic={topic}&channel=empty")
+    _http(n1, "POST", f"/channel/create?topic={topic}&channel=held")
+    _http(n1, "POST", f"/channel/pause?topic={topic}&channel=held")
+    _http(n1, "POST", f"/channel/create?topic={topic}&channel=ch")   # before the first publish: it gets them all
+    load = _Load(n1.address, topic, 0, acked, received)   # MPUB + PUB producers and a FINning consumer on "ch"
+    r = consumer(n1.address, topic, "ch", rdy=20)        # a second consumer that REQs, half of them for an hour
+    load.wait_acked(2000)
+    held = [r.read_message() for _ in range(20)]
+    r.send(C.rdy(0))
+    for i, m in enumerate(held):
+        r.send(C.req(m.id, 3_600_000 if i % 2 else 0))
+    r.frames_before_sync()
+    assert n1.stop() == 0, n1.output()
+    load.join()
+    r.close()
+    n2 = nsqd_factory(data=n1.data_path, workers=3)
+    _, body = _http(n2, "GET", f"/stats?format=json&topic={topic}")
+    chans = {c["channel_name"]: c for t in json.loads(body)["topics"] for c in t["channels"]}
+    assert set(chans) == {"ch", "empty", "held"} and chans["held"]["paused"] and not chans["ch"]["paused"]
+    assert chans["held"]["depth"] >= len(acked)        # a paused channel keeps everything for later (an OK the
+    # producer did not read before the stop is stored too)
+    deferred = {m.body for i, m in enumerate(held) if i % 2}
+    want = set(acked) - set(received) - deferred
+    c = consumer(n2.address, topic, "ch", rdy=2500)
+    got = []
+    while not want <= set(got):
+        try:
+            m = c.read_message(timeout=60)
+        except AssertionError:
+            missing = want - set(got)
+            raise AssertionError(f"{len(missing)} never came: {sorted(missing)[:10]}; held {[m.body for m in held]}"
+                                 f"\n{n1.output()[-3000:]}\n{n2.output()[-3000:]}") from None
+        got.append(m.body)
+        c.send(C.fin(m.id))
+    c.sync()
+    c.close()
+    assert not deferred & set(got)                     # still deferred: their hour is not over
+    _, body = _http(n2, "GET", f"/stats?format=json&topic={topic}&channel=ch")
+    [ch] = [c for t in json.loads(body)["topics"] for c in t["channels"]]
+    assert ch["deferred_count"] == len(deferred)
+    h = consumer(n2.address, topic, "held", rdy=10)
+    h.expect_no_frame()
+    _http(n2, "POST", f"/channel/unpause?topic={topic}&channel=held")
+    assert h.read_message(timeout=60).body in set(acked)
+    h.close()

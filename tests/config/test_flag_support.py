@@ -19,56 +19,32 @@ IMPLEMENTED = {
     "config", "version", "log-level", "log-prefix", "node-id", "max-msg-timeout", "msg-timeout", "max-msg-size",
     "max-req-timeout", "max-body-size", "max-heartbeat-interval", "max-rdy-count", "max-output-buffer-size",
     "max-output-buffer-timeout", "min-output-buffer-timeout", "output-buffer-timeout", "max-channel-consumers",
-    "mem-queue-size",
+    "mem-queue-size", "statsd-address", "statsd-interval", "statsd-mem-stats", "statsd-prefix",
+    "statsd-udp-packet-size", "statsd-exclude-ephemeral",
+    "broadcast-address", "broadcast-tcp-port", "broadcast-http-port",  # registration with nsqlookupd
+    "tls-cert", "tls-key", "tls-client-auth-policy", "tls-root-ca-file", "tls-required", "tls-min-version",
+    "https-address", "auth-http-address", "auth-http-request-method", "snappy", "deflate", "max-deflate-level",
 }
-REFUSED = {"tls-cert", "tls-key", "tls-client-auth-policy", "tls-root-ca-file", "tls-required", "tls-min-version",
-           "auth-http-address"}
+REFUSED = set()  # nothing any more (the unix socket paths of --tcp-address and --http-address only)
 
 # one command line per option that is accepted without effect: each sets that option away from its default
 UNUSED_ARGV = {
     "verbose": ["--verbose"],
     "worker-id": ["--worker-id"],
-    "http-address": ["--http-address=127.0.0.1:4999"],
-    "https-address": ["--https-address=127.0.0.1:4998"],
-    "broadcast-address": ["--broadcast-address=nsqd-1.example.com"],
-    "broadcast-tcp-port": ["--broadcast-tcp-port=4150"],
-    "broadcast-http-port": ["--broadcast-http-port=4151"],
-    "lookupd-tcp-address": ["--lookupd-tcp-address=127.0.0.1:4160"],
-    "auth-http-request-method": ["--auth-http-request-method=post"],
-    "http-client-connect-timeout": ["--http-client-connect-timeout=1s"],
-    "http-client-request-timeout": ["--http-client-request-timeout=1s"],
     "topology-region": ["--topology-region=eu"],
     "topology-zone": ["--topology-zone=eu-1a"],
     "enable-experiment": ["--enable-experiment=topology-aware-consumption"],
-    "max-bytes-per-file": ["--max-bytes-per-file=1048576"],
-    "sync-every": ["--sync-every=1"],
-    "sync-timeout": ["--sync-timeout=100ms"],
     "queue-scan-worker-pool-max": ["--queue-scan-worker-pool-max=8"],
     "queue-scan-selection-count": ["--queue-scan-selection-count=40"],
-    "statsd-address": ["--statsd-address=127.0.0.1:8125"],
-    "statsd-interval": ["--statsd-interval=10s"],
-    "statsd-mem-stats": ["--statsd-mem-stats=false"],
-    "statsd-prefix": ["--statsd-prefix=x.%s"],
-    "statsd-udp-packet-size": ["--statsd-udp-packet-size=1400"],
-    "statsd-exclude-ephemeral": ["--statsd-exclude-ephemeral"],
     "e2e-processing-latency-percentile": ["--e2e-processing-latency-percentile=0.99"],
     "e2e-processing-latency-window-time": ["--e2e-processing-latency-window-time=1m"],
-    "max-deflate-level": ["--max-deflate-level=9"],
 }
 # accepted, not implemented, but every value they can take away from the default asks for nothing nsqpy lacks
-HONOURED_ARGV = {"snappy": ["--snappy=false"], "deflate": ["--deflate=false"]}
-DIFFERS = {"data-path"}
+HONOURED_ARGV = {}
+DIFFERS = {"data-path", "max-bytes-per-file", "sync-every", "sync-timeout", "lookupd-tcp-address",
+           "http-client-connect-timeout", "http-client-request-timeout"}
 
-DEFAULT_NOTES = [
-    "the HTTP API is not served yet: nothing listens on 0.0.0.0:4151 (--http-address); /ping, /pub, /stats and the "
-    "other endpoints are not available",
-    "topics and messages are not kept across a restart of nsqd yet: a shutdown deletes them (they survive the crash "
-    "of a worker process, not a restart of nsqd)",
-    "deflate compression is not implemented yet: IDENTIFY answers deflate false, so clients that ask for it talk "
-    "uncompressed (--deflate)",
-    "snappy compression is not implemented yet: IDENTIFY answers snappy false, so clients that ask for it talk "
-    "uncompressed (--snappy)",
-]
+DEFAULT_NOTES = []
 
 
 def report(*argv):
@@ -78,11 +54,11 @@ def report(*argv):
 def test_every_nsq_option_is_classified_once():
     declared = {name for name, spec in SPECS.items() if spec.support is not None}
     nsqpy_only = {name for name, spec in SPECS.items() if spec.nsqpy_only}
-    groups = [IMPLEMENTED, REFUSED | {"tcp-address"}, set(UNUSED_ARGV), set(HONOURED_ARGV), DIFFERS]
+    groups = [IMPLEMENTED, REFUSED | {"tcp-address", "http-address"}, set(UNUSED_ARGV), set(HONOURED_ARGV), DIFFERS]
     assert sum(len(g) for g in groups) == len(set().union(*groups)), "an option is in two groups"
     assert set().union(*groups) | nsqpy_only == set(SPECS), "an option is in no group"
     assert declared == set(SPECS) - IMPLEMENTED - nsqpy_only, "IMPLEMENTED disagrees with the declarations"
-    for name in REFUSED | {"tcp-address"}:
+    for name in REFUSED | {"tcp-address", "http-address"}:
         assert isinstance(SPECS[name].support, Refused), name
     for name in set(UNUSED_ARGV) | set(HONOURED_ARGV):
         assert isinstance(SPECS[name].support, (Unused, Deprecated)), name
@@ -91,7 +67,8 @@ def test_every_nsq_option_is_classified_once():
 
 
 def _sources():
-    files = [*ROOT.glob("workers/*.py"), *ROOT.glob("nsqpy/protocol/*.py"), ROOT / "nsqpy/config/nsqd.py"]
+    files = [*ROOT.glob("workers/*.py"), *ROOT.glob("nsqpy/protocol/*.py"), ROOT / "nsqpy/config/nsqd.py",
+             *ROOT.glob("http_api/*.py")]
     return "\n".join(path.read_text() for path in files)
 
 
@@ -130,8 +107,7 @@ def test_an_unused_flag_set_away_from_its_default_is_one_warning(name):
     else:
         assert line == f"flag --{name} is accepted for compatibility but not used yet: {support.what}"
         assert f"[nsqpy: not used yet: {support.what}]" in SPECS[name].help
-    notes = [n for n in DEFAULT_NOTES if name != "http-address" or "--http-address" not in n]
-    assert r.notes == notes  # a changed --http-address warns instead of the default's note
+    assert r.notes == DEFAULT_NOTES
 
 
 def test_unused_flags_at_their_default_say_nothing():
@@ -146,7 +122,7 @@ def test_unused_flags_at_their_default_say_nothing():
         text = shown.strip('"') if shown is not None else str(default).lower() if isinstance(default, bool) else \
             "" if isinstance(default, str) else str(default)
         argv.append(f"--{name}={text}")
-    assert len(argv) == len(UNUSED_ARGV) - 3
+    assert len(argv) == len(UNUSED_ARGV) - 2  # enable-experiment, e2e-processing-latency-percentile
     r = report(*argv)
     assert (r.refusals, r.warnings, r.notes) == ([], [], DEFAULT_NOTES)
 
@@ -161,26 +137,17 @@ def test_turning_off_what_is_not_implemented_says_nothing(name):
 def test_disabling_the_http_listener_says_nothing():
     r = report("--http-address=")
     assert (r.refusals, r.warnings) == ([], [])
-    assert r.notes == DEFAULT_NOTES[1:]
+    assert r.notes == DEFAULT_NOTES
 
 
 TLS = ["--tls-cert=/etc/nsqd/cert.pem", "--tls-key=/etc/nsqd/key.pem"]
-WHY_TLS = "nsqpy has no TLS yet, so nsqd refuses to start rather than serve clients in clear text"
-WHY_AUTH = "nsqpy has no authorization yet, so nsqd refuses to start rather than serve every client without AUTH"
 REFUSALS = [
-    (TLS, [f"flags --tls-cert, --tls-key are not supported yet: {WHY_TLS}"]),
-    (TLS + ["--tls-required"], [f"flags --tls-cert, --tls-key, --tls-required are not supported yet: {WHY_TLS}"]),
-    (TLS + ["--tls-client-auth-policy=require-verify"],  # the policy turns --tls-required on, as in nsqd
-     [f"flags --tls-cert, --tls-key, --tls-client-auth-policy, --tls-required are not supported yet: {WHY_TLS}"]),
-    (["--tls-root-ca-file=/etc/ca.pem"], [f"flag --tls-root-ca-file is not supported yet: {WHY_TLS}"]),
-    (["--tls-min-version=tls1.2"], [f"flag --tls-min-version is not supported yet: {WHY_TLS}"]),
-    (["--auth-http-address=127.0.0.1:4181"], [f"flag --auth-http-address is not supported yet: {WHY_AUTH}"]),
-    (["--auth-http-address=127.0.0.1:4181", "--tls-root-ca-file=/etc/ca.pem"],
-     [f"flag --auth-http-address is not supported yet: {WHY_AUTH}",
-      f"flag --tls-root-ca-file is not supported yet: {WHY_TLS}"]),
     (["--tcp-address=/run/nsqd.sock"],
      ["--tcp-address=/run/nsqd.sock is not supported yet: nsqpy has no unix socket listeners yet, so nsqd refuses "
       "to start"]),
+    (["--http-address=/run/nsqd-http.sock"],
+     ["--http-address=/run/nsqd-http.sock is not supported yet: nsqpy has no unix socket listeners yet, so nsqd "
+      "refuses to start"]),
 ]
 
 
@@ -193,7 +160,8 @@ def test_security_flags_are_refused(argv, refusals):
 
 @pytest.mark.parametrize("argv", [["--tls-min-version=tls1.0"], ["--tls-min-version="], ["--tls-required=false"],
                                   ["--tls-client-auth-policy="], ["--tcp-address=127.0.0.1:4150"],
-                                  ["--tcp-address=[::1]:0"]])
+                                  ["--tcp-address=[::1]:0"], TLS + ["--tls-client-auth-policy=require-verify"],
+                                  ["--auth-http-address=127.0.0.1:4181", "--tls-root-ca-file=/etc/ca.pem"]])
 def test_security_flags_at_their_default_are_not_refused(argv):
     r = report(*argv)
     assert (r.refusals, r.warnings) == ([], [])
@@ -201,11 +169,11 @@ def test_security_flags_at_their_default_are_not_refused(argv):
 
 def test_config_file_values_count_like_flags(tmp_path):
     path = tmp_path / "nsqd.toml"
-    path.write_text('statsd_address = "127.0.0.1:8125"\nauth_http_addresses = ["127.0.0.1:4181"]\n')
+    path.write_text('topology_zone = "eu-1a"\nauth_http_addresses = ["127.0.0.1:4181"]\n')
     r = report(f"--config={path}")
-    assert r.refusals == [f"flag --auth-http-address is not supported yet: {WHY_AUTH}"]
-    assert r.warnings == ["flag --statsd-address is accepted for compatibility but not used yet: no stats are "
-                          "pushed to statsd"]
+    assert r.refusals == []
+    assert r.warnings == ["flag --topology-zone is accepted for compatibility but not used yet: topology-aware "
+                          "consumption is not implemented"]
 
 
 def test_help_says_what_each_declared_flag_does():
