@@ -20,7 +20,6 @@ Theory of operation
 * Which worker loads a queue does not depend on the worker count the queue was saved with: ownership is the
   topic name's hash over the current workers, so a restart with another ``--workers`` loads everything.
 """
-import os
 import time
 
 import numpy as np
@@ -57,6 +56,7 @@ class Persistence:
     def _save_all(self):
         saved = 0
         writers = []
+        self._existing_queues = set(DQ.queue_files(self.data_path))
         for t in list(self.topics.values()):
             if t.ephemeral or t.deleted:
                 continue
@@ -69,7 +69,7 @@ class Persistence:
         return saved
 
     def _writer(self, name, writers):
-        w = DQ.DiskQueueWriter(self.data_path, name, self.opts.max_bytes_per_file)
+        w = DQ.DiskQueueWriter(self.data_path, name, self.opts.max_bytes_per_file, self._existing_queues)
         writers.append(w)
         return w
 
@@ -150,20 +150,20 @@ class Persistence:
             if tm.paused:
                 t.pause(True)
         loaded = 0
-        for name in DQ.queue_names(self.data_path):
+        for name, files in sorted(DQ.queue_files(self.data_path).items()):
             topic, _, channel = name.partition(":")
             if owner_of(topic, workers) == self.index:
-                loaded += self._load_queue(name, topic, channel)
+                loaded += self._load_queue(name, topic, channel, files)
         return loaded
 
-    def _load_queue(self, name, topic, channel):
+    def _load_queue(self, name, topic, channel, files):
         try:
             t = self.get_topic(topic)
             ch = t.get_channel(channel) if channel else None
         except (StorageError, ValueError) as e:
             self.log.error(f"DISKQUEUE({name}): cannot be loaded: {e}")
             return 0
-        reader = DQ.DiskQueueReader(self.data_path, name, self.opts.max_msg_size)
+        reader = DQ.DiskQueueReader(self.data_path, name, self.opts.max_msg_size, files)
         due = reader.deferred()
         loaded = 0
         done = True
@@ -180,7 +180,7 @@ class Persistence:
         if t.durable and loaded:
             self.sync_now()  # in the durable log on disk before the queue files go
         if done:
-            DQ.remove_queue(self.data_path, name)
+            DQ.remove_queue(self.data_path, name, files)  # (a file renamed .bad is kept for inspection)
         for path in reader.bad:
             self.log.error(f"DISKQUEUE({name}): skipped corrupt file {path}.bad")
         if loaded:
@@ -238,8 +238,3 @@ def _within_bytes(lengths, k):
     if k <= 1:
         return k
     return max(1, int(np.searchsorted(np.cumsum(lengths[:k]), LOAD_BATCH_BYTES, side="right")))
-
-
-def data_files_left(data_path):
-    """Queues still on disk (for a start-up log line)."""
-    return DQ.queue_names(data_path) if os.path.isdir(data_path) else []

@@ -4,7 +4,7 @@ with room on the disk recovers them all. Runs in a private mount namespace with 
 from tests.private_tmpfs import run_with_tmpfs
 
 SCRIPT = r'''
-import json, os, subprocess, sys, urllib.request, urllib.error
+import atexit, json, os, subprocess, sys, urllib.request, urllib.error
 from tests.broker.conftest import Nsqd
 from tests.broker.wire import Conn, consumer
 from nsqpy.protocol import client as C
@@ -21,7 +21,10 @@ def ping(n):
     except urllib.error.HTTPError as e:
         return e.code, e.read().decode()
 
+brokers = []
+atexit.register(lambda: [b.proc.poll() is None and os.killpg(b.proc.pid, 9) for b in brokers])  # a failure
 n = Nsqd(args, data, 3)
+brokers.append(n)
 body = b"x" * 4000
 acked = 0
 failed = None
@@ -66,6 +69,7 @@ out["segments_after_stop"] = len(n.segments_left())
 os.unlink(os.path.join(data, "filler"))
 subprocess.run(["mount", "-o", "remount,size=256m", data], check=True)
 n2 = Nsqd(args, data, 3)
+brokers.append(n2)
 out["recovered"] = any("recovered the crashed instance's messages" in line for line in n2.lines)
 c = consumer(n2.address, "big", "ch", rdy=2500)
 bodies = set()
