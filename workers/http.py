@@ -24,7 +24,6 @@ Theory of operation
 """
 from __future__ import annotations
 
-import ctypes
 import mmap
 import os
 import signal
@@ -38,7 +37,6 @@ WORKER_CLASSES = ("sync", "gthread", "asgi")
 PUBLISH_TIMEOUT = 10.0   # seconds a /pub waits for room in the owner's ring before 503 EXITING
 COMMAND_TIMEOUT = 10.0   # seconds a /topic/... or /channel/... waits for the owner's answer
 GRACEFUL = 3             # seconds gunicorn's workers get to finish their requests at shutdown
-_PR_SET_PDEATHSIG = 1
 
 
 def bind_http(opts):
@@ -106,12 +104,6 @@ class SharedLevel:
 
     def set(self, level: int) -> None:
         self._map[0] = level
-
-
-def die_with_parent():
-    """PR_SET_PDEATHSIG: the kernel SIGKILLs this process when its parent (the arbiter) dies."""
-    libc = ctypes.CDLL(None, use_errno=True)
-    libc.prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
 
 
 def build_deps(plan, slot, log, level, version_line):

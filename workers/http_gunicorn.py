@@ -7,68 +7,20 @@ from __future__ import annotations
 
 import os
 
-from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.sock import TCP6Socket, TCPSocket
 
-from workers.http import GRACEFUL, build_deps, die_with_parent, http_slots
+from http_api.gunicorn_log import NsqGunicornLog
+
+from nsqpy.process import die_with_parent
+from workers.http import GRACEFUL, build_deps, http_slots
 
 _WORKER_CLASSES = {"sync": "sync", "gthread": "gthread", "asgi": "asgi"}
 
 
-class _Log(glogging.Logger):
-    """gunicorn's logger, writing through nsqpy's (NSQ's line format, one write per line). Its INFO lines
-    (booting workers and the like) are DEBUG here; there is no access log."""
-
-    nsq_log = None
-    nsq_level = None
-
-    def setup(self, cfg):
-        pass
-
-    def _say(self, level, msg, args):
-        log = self.nsq_log
-        log.level = self.nsq_level.get()
-        if level < log.level:
-            return  # before formatting: gunicorn says something at DEBUG for every request
-        try:
-            text = msg % args if args else str(msg)
-        except (TypeError, ValueError):
-            text = f"{msg} {args}"
-        log.log(level, f"HTTP: {text}")
-
-    def critical(self, msg, *args, **kwargs):
-        self._say(4, msg, args)
-
-    def error(self, msg, *args, **kwargs):
-        self._say(4, msg, args)
-
-    def exception(self, msg, *args, **kwargs):
-        import traceback
-        self._say(4, f"{msg}\n{traceback.format_exc().strip()}", args)
-
-    def warning(self, msg, *args, **kwargs):
-        # a malformed request is the client's fault, not the server's: nsqd (Go's net/http) logs nothing for it
-        self._say(1 if str(msg).startswith("Invalid request") else 3, msg, args)
-
-    def info(self, msg, *args, **kwargs):
-        self._say(1, msg, args)
-
-    def debug(self, msg, *args, **kwargs):
-        self._say(1, msg, args)
-
-    def log(self, lvl, msg, *args, **kwargs):
-        self._say(1, msg, args)
-
-    def access(self, resp, req, environ, request_time):
-        pass
-
-    def reopen_files(self):
-        pass
-
-    def close_on_exec(self):
-        pass
+class _Log(NsqGunicornLog):
+    """nsqd's HTTP log lines through nsqpy's logger (http_api/gunicorn_log.py)."""
 
 
 class NsqdGunicorn(BaseApplication):
@@ -98,9 +50,7 @@ class NsqdGunicorn(BaseApplication):
             worker.nsq_slot = next(s for s in app.slots if s not in live)
 
         def post_fork(arbiter, worker):  # in the new worker
-            die_with_parent()
-            if os.getppid() != arbiter.pid:
-                os._exit(1)  # the arbiter died before the death signal was set
+            die_with_parent(arbiter.pid)  # one writer per ring: no worker outlives its arbiter
             app.slot = worker.nsq_slot
 
         def when_ready(arbiter):

@@ -11,70 +11,22 @@ Workers die with the arbiter (PR_SET_PDEATHSIG), so a SIGKILLed arbiter leaves n
 """
 from __future__ import annotations
 
-import ctypes
 import os
-import signal
 
-from gunicorn import glogging
 from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.sock import TCP6Socket, TCPSocket
 
+from http_api.gunicorn_log import NsqGunicornLog
+from nsqpy.process import die_with_parent
+
 __all__ = ["serve", "LookupdGunicorn"]
 
 GRACEFUL = 5          # seconds gunicorn's workers get to finish their requests at shutdown
-_PR_SET_PDEATHSIG = 1
 
 
-class _Log(glogging.Logger):
-    """gunicorn's logger, writing through nsqpy's (one write per line, NSQ's format)."""
-
-    nsq_log = None
-
-    def setup(self, cfg):
-        pass
-
-    def _say(self, level, msg, args):
-        try:
-            text = msg % args if args else str(msg)
-        except (TypeError, ValueError):
-            text = f"{msg} {args}"
-        self.nsq_log.log(level, f"HTTP: {text}")
-
-    def critical(self, msg, *args, **kwargs):
-        self._say(4, msg, args)
-
-    def error(self, msg, *args, **kwargs):
-        self._say(4, msg, args)
-
-    def exception(self, msg, *args, **kwargs):
-        import traceback
-        self._say(4, f"{msg}\n{traceback.format_exc().strip()}", args)
-
-    def warning(self, msg, *args, **kwargs):
-        self._say(3, msg, args)
-
-    def info(self, msg, *args, **kwargs):
-        self._say(1, msg, args)
-
-    def debug(self, msg, *args, **kwargs):
-        self._say(1, msg, args)
-
-    def log(self, lvl, msg, *args, **kwargs):
-        self._say(1, msg, args)
-
-    def access(self, resp, req, environ, request_time):
-        pass
-
-    def reopen_files(self):
-        pass
-
-    def close_on_exec(self):
-        pass
-
-
-def _die_with_parent():
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, signal.SIGKILL, 0, 0, 0)
+class _Log(NsqGunicornLog):
+    """nsqlookupd's HTTP log lines through nsqpy's logger (http_api/gunicorn_log.py)."""
 
 
 class LookupdGunicorn(BaseApplication):
@@ -91,9 +43,7 @@ class LookupdGunicorn(BaseApplication):
         ready_fd = self.ready_fd
 
         def post_fork(arbiter, worker):  # in the new worker
-            _die_with_parent()
-            if os.getppid() != arbiter.pid:
-                os._exit(1)  # the arbiter died before the death signal was armed
+            die_with_parent(arbiter.pid)
 
         def when_ready(arbiter):
             os.write(ready_fd, b"h")

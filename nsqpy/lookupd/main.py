@@ -20,7 +20,6 @@ benchmarks/results/lookupd_bench.json, see ARCHITECTURE.md "nsqlookupd").
 """
 from __future__ import annotations
 
-import ctypes
 import os
 import platform
 import secrets
@@ -32,10 +31,10 @@ from nsqpy.config.nsqlookupd import NsqlookupdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
 from nsqpy.lookupd.queries import NSQ_VERSION
+from nsqpy.process import die_with_parent
 
 __all__ = ["main", "version_string"]
 
-_PR_SET_PDEATHSIG = 1
 
 
 def version_string() -> str:
@@ -62,20 +61,12 @@ def _shown(sock: socket.socket) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
-def die_with_parent(parent: int, sig=signal.SIGTERM):
-    """PR_SET_PDEATHSIG: a child gets ``sig`` when the supervisor dies (killed by a signal it cannot trap), so
-    no orphaned registry or HTTP server keeps answering for a daemon that is gone."""
-    ctypes.CDLL(None, use_errno=True).prctl(_PR_SET_PDEATHSIG, sig, 0, 0, 0)
-    if os.getppid() != parent:
-        os._exit(0)  # the supervisor died before the death signal was armed
-
-
 def _registry_child(opts, tcp, http, query, hostname, log):
     supervisor = os.getpid()
 
     def run(restarted, ready_fd):
         from nsqpy.lookupd.registry import registry_main
-        die_with_parent(supervisor)
+        die_with_parent(supervisor, signal.SIGTERM)  # no orphaned registry answering for a dead daemon
         ports = tcp.getsockname()[1], http.getsockname()[1]  # IDENTIFY's reply names both
         http.close()
         registry_main(opts, tcp, query, *ports, hostname, ready_fd, log)
@@ -87,7 +78,7 @@ def _http_child(opts, tcp, http, query, query_address, log):
 
     def run(restarted, ready_fd):
         from http_api.lookupd.server import serve
-        die_with_parent(supervisor)  # the arbiter stops its workers gracefully on SIGTERM
+        die_with_parent(supervisor, signal.SIGTERM)  # the arbiter stops its workers gracefully on SIGTERM
         tcp.close()
         query.close()
         serve(http, query_address, opts.http_workers, ready_fd, log)
