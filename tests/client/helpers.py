@@ -5,7 +5,8 @@ import itertools
 import json
 import os
 import threading
-import time
+
+from tests.polling import wait_until  # noqa: F401  (re-exported for the client and tools tests)
 
 _seq = itertools.count()
 DEADLINE = 90.0   # generous: a cold numba cache makes a broker's first messages take tens of seconds
@@ -13,17 +14,6 @@ DEADLINE = 90.0   # generous: a cold numba cache makes a broker's first messages
 
 def unique(prefix: str) -> str:
     return f"{prefix}_{os.getpid()}_{next(_seq)}"
-
-
-def wait_until(cond, timeout: float = DEADLINE, what: str = "condition", interval: float = 0.01):
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout}s")
-        time.sleep(interval)   # polling interval of a condition with a deadline
 
 
 def addr(nsqd) -> str:

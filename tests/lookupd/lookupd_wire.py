@@ -16,11 +16,11 @@ import json
 import re
 import socket
 import struct
-import time
 from urllib.parse import quote
 
 from nsqpy.protocol import v1
 from tests.logged_process import LoggedProcess
+from tests.polling import wait_until
 
 TCP_RE = re.compile(r"TCP: listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)$")
 HTTP_RE = re.compile(r"HTTP: listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)$")
@@ -28,15 +28,7 @@ DEADLINE = 30.0
 
 
 def eventually(cond, timeout=DEADLINE, what="condition", pause=0.02):
-    """Poll ``cond`` until it returns something truthy (returned) or the deadline passes (AssertionError)."""
-    deadline = time.monotonic() + timeout
-    while True:
-        value = cond()
-        if value:
-            return value
-        if time.monotonic() > deadline:
-            raise AssertionError(f"{what} did not hold within {timeout} s (last: {value!r})")
-        time.sleep(pause)  # polling a condition of another process, with a deadline
+    return wait_until(cond, timeout, what, pause)
 
 
 class Lookupd(LoggedProcess):

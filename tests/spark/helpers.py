@@ -2,10 +2,10 @@
 
 import collections
 import json
-import time
 import urllib.request
 
 from nsqpy.client import Consumer
+from tests.polling import wait_until as poll
 
 WITH_HTTP = "--http-address=127.0.0.1:0"   # later on the command line than the fixtures' --http-address=
 
@@ -15,15 +15,7 @@ def addr(nsqd) -> str:
 
 
 def wait_until(condition, deadline_s: float = 120.0, what: str = "condition"):
-    """Poll `condition` until it returns truthy; fail after the deadline (generous: the machine is shared)."""
-    end = time.monotonic() + deadline_s
-    while True:
-        value = condition()
-        if value:
-            return value
-        if time.monotonic() > end:
-            raise AssertionError(f"timed out waiting for {what}")
-        time.sleep(0.05)   # polling interval, the condition is what we wait on
+    return poll(condition, deadline_s, what, 0.05)
 
 
 def channel_stats(nsqd, topic: str, channel: str) -> dict | None:
