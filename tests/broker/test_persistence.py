@@ -8,7 +8,9 @@ import time
 import pytest
 
 from nsqpy.protocol import client as C
+from nsqpy.protocol.frames import FRAME_MESSAGE
 from tests.broker.wire import Conn, consumer, unique
+from tests.polling import wait_until
 
 N = 300
 
@@ -427,12 +429,16 @@ def test_sigterm_under_load_restores_messages_paused_flags_and_empty_channels(ns
                                  f"\n{n1.output()[-3000:]}\n{n2.output()[-3000:]}") from None
         got.append(m.body)
         c.send(C.fin(m.id))
-    c.sync()
+    c.send(C.rdy(0))
+    got += [C.decode_message(data).body for kind, data in c.frames_before_sync() if kind == FRAME_MESSAGE]
     c.close()
     assert not deferred & set(got)                     # still deferred: their hour is not over
-    _, body = _http(n2, "GET", f"/stats?format=json&topic={topic}&channel=ch")
-    [ch] = [c for t in json.loads(body)["topics"] for c in t["channels"]]
-    assert ch["deferred_count"] == len(deferred)
+
+    def deferred_count():                              # the stats plane publishes every 100 ms
+        _, body = _http(n2, "GET", f"/stats?format=json&topic={topic}&channel=ch")
+        [ch] = [c for t in json.loads(body)["topics"] for c in t["channels"]]
+        return ch["deferred_count"] == len(deferred)
+    wait_until(deferred_count, what="the hour-long deferred messages counted as deferred")
     h = consumer(n2.address, topic, "held", rdy=10)
     h.expect_no_frame()
     _http(n2, "POST", f"/channel/unpause?topic={topic}&channel=held")
