@@ -67,10 +67,6 @@ LISTEN = re.compile(r"(TCP|HTTP): listening on \[?([0-9.]+)\]?:(\d+)")
 
 
 def _start_nsqlookupd():
-    try:
-        import nsqpy.lookupd.main  # noqa: F401
-    except ImportError:
-        pytest.skip("nsqpy's nsqlookupd (nsqpy.lookupd.main) does not exist yet")
     proc = subprocess.Popen([sys.executable, "-m", "nsqpy.lookupd.main", "--tcp-address=127.0.0.1:0",
                              "--http-address=127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
