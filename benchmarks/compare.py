@@ -1,22 +1,29 @@
 """nsqpy against other NSQ-compatible brokers, scenario by scenario, with the ratios in one JSON line.
 
     python -m benchmarks.compare [--target nsqd=127.0.0.1:4150 ...] [--rounds 3] [--runfor 5s]
-        [--connections N] [--latency-rate 10000] [--nsqpy-command CMD] [--plot DIR] [--out FILE]
+        [--connections N] [--latency-rate 10000] [--latency-modes defaults,unbuffered]
+        [--nsqpy-command CMD] [--plot DIR] [--out FILE]
 
 nsqpy is started here (fresh --data-path, port 0; ready once it logs its `TCP: listening on` line, waited on
 with a deadline) and stopped at the end; every --target is an address of something already running. Each
 round runs every scenario against every target in turn (A/B interleaved, so a drift in the machine's load
 hits all alike), each in a topic of its own so no run reads another's backlog:
 
-| scenario   | tool and flags                                                          | figure (ratio)     |
-|------------|-------------------------------------------------------------------------|--------------------|
-| writer     | bench_writer, MPUB of 200 x 200 B                                       | ops/s (higher)     |
-| reader     | bench_reader, RDY 2500, --count = what `writer` just wrote              | ops/s (higher)     |
-| pub        | bench_writer --batch-size 1 (one PUB per round trip)                    | ops/s (higher)     |
-| latency    | latency at --latency-rate msgs/s                                        | p99 µs (lower)     |
+| scenario   | tool and flags                                                           | figure (ratio)     |
+|------------|--------------------------------------------------------------------------|--------------------|
+| writer     | bench_writer, MPUB of 200 x 200 B                                        | ops/s (higher)     |
+| reader     | bench_reader, RDY 2500, --count = what `writer` just wrote               | ops/s (higher)     |
+| pub        | bench_writer --batch-size 1 (one PUB per round trip)                     | ops/s (higher)     |
+| latency    | latency at --latency-rate msgs/s, once per --latency-modes consumer mode | p99 µs (lower)     |
 
-The JSON holds every run, the median per scenario and target, and `ratios` = nsqpy / target of those
-medians. --plot DIR writes throughput.png and latency_cdf.png (matplotlib is imported only then).
+Latency runs once per round and target with every mode of --latency-modes (default defaults,unbuffered: the
+consumer's IDENTIFY with NSQ's client defaults, output buffer 16 KiB / 250 ms, and with output_buffer_size -1;
+see benchmarks/latency.py). Each mode is its own entry in `runs` (scenario `latency`, plus `mode`) and its own
+key in `medians`, `ratios` and `figures`: `latency_defaults`, `latency_unbuffered`.
+
+The JSON holds every run, the median per scenario (latency: per mode) and target, and `ratios` = nsqpy /
+target of those medians. --plot DIR writes throughput.png and latency_cdf.png (matplotlib is imported only
+then).
 """
 
 from __future__ import annotations
@@ -28,17 +35,27 @@ import sys
 import tempfile
 
 from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log
+from benchmarks.latency import MODES
 from benchmarks.process import ListeningProcess, run_tool
 
 NSQPY_COMMAND = ("{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 "
                  "--data-path={data_path}")
-# scenario -> (figure key in its result, True when higher is better)
-FIGURES = {"writer": ("ops_per_s", True), "reader": ("ops_per_s", True), "pub": ("ops_per_s", True),
-           "latency": ("p99_us", False)}
+# scenario -> (figure key in its result, True when higher is better); latency adds one key per mode
+FIGURES = {"writer": ("ops_per_s", True), "reader": ("ops_per_s", True), "pub": ("ops_per_s", True)}
+LATENCY = ("p99_us", False)
 
 
-def run_scenarios(address: str, topic: str, opts) -> dict:
-    """One round of every scenario against one address; scenario -> that tool's JSON result."""
+def figures(latency_modes: list[str]) -> dict:
+    return {**FIGURES, **{f"latency_{m}": LATENCY for m in latency_modes}}
+
+
+def run_key(run: dict) -> str:
+    """Where a run counts in medians and ratios: its scenario, and for latency its mode too."""
+    return f"{run['scenario']}_{run['mode']}" if run.get("mode") else run["scenario"]
+
+
+def run_scenarios(address: str, topic: str, opts) -> list[tuple[str, str, dict]]:
+    """One round of every scenario against one address: (scenario, latency mode or "", result) each."""
     common = ["--nsqd-tcp-address", address, "--no-ceiling", "--connections", str(opts.connections)]
     runfor = ["--runfor", f"{opts.runfor}s"]
     results = {}
@@ -51,23 +68,36 @@ def run_scenarios(address: str, topic: str, opts) -> dict:
     _, results["pub"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_pub",
                                  "--batch-size", "1", "--size", "200")
     _, latency = run_tool("benchmarks.latency", "--nsqd-tcp-address", address, "--no-ceiling", *runfor,
-                          "--topic", topic + "_lat", "--rates", str(opts.latency_rate))
-    results["latency"] = {**latency["phases"][0], "errors": latency["errors"]}
-    return results
+                          "--topic", topic + "_lat", "--rates", str(opts.latency_rate),
+                          "--modes", ",".join(opts.latency_modes))
+    out = [(scenario, "", result) for scenario, result in results.items()]
+    by_mode = {p["mode"]: p for p in latency["phases"]}
+    for mode in opts.latency_modes:
+        # the tool's errors count once, with the first mode; a mode with no phase (it failed) counts one more
+        errors = (latency["errors"] if mode == opts.latency_modes[0] else 0) + (mode not in by_mode)
+        out.append(("latency", mode, {**by_mode.get(mode, {"mode": mode}), "errors": errors}))
+    return out
 
 
-def figure(scenario: str, result: dict) -> float:
-    return float(result.get(FIGURES[scenario][0], 0.0))
+def figure(key: str, result: dict, table: dict) -> float:
+    return float(result.get(table[key][0], 0.0))
 
 
-def summarize(runs: list[dict], names: list[str]) -> tuple[dict, dict]:
-    """Medians per scenario and target, and nsqpy / other for each other target."""
-    medians = {s: {n: statistics.median([figure(s, r["result"]) for r in runs
-                                         if r["scenario"] == s and r["target"] == n] or [0.0])
-                   for n in names} for s in FIGURES}
+def summarize(runs: list[dict], names: list[str], table: dict = FIGURES) -> tuple[dict, dict]:
+    """Medians per scenario (latency: per mode) and target, and nsqpy / other for each other target."""
+    medians = {s: {n: statistics.median([figure(s, r["result"], table) for r in runs
+                                         if run_key(r) == s and r["target"] == n] or [0.0])
+                   for n in names} for s in table}
     ratios = {s: {n: (medians[s]["nsqpy"] / medians[s][n] if medians[s][n] else None)
-                  for n in names if n != "nsqpy"} for s in FIGURES}
+                  for n in names if n != "nsqpy"} for s in table}
     return medians, ratios
+
+
+def modes_list(text: str) -> list[str]:
+    modes = [m for m in text.split(",") if m]
+    if not modes or any(m not in MODES for m in modes):
+        raise argparse.ArgumentTypeError(f"expected a comma-separated list of {', '.join(MODES)}, got {text!r}")
+    return modes
 
 
 def parse_target(text: str) -> tuple[str, str]:
@@ -84,6 +114,9 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runfor", type=duration_s, default=5.0, help="per throughput run and latency phase")
     p.add_argument("--connections", type=int, default=CORES)
     p.add_argument("--latency-rate", type=int, default=10000)
+    p.add_argument("--latency-modes", type=modes_list, default=["defaults", "unbuffered"],
+                   help="latency consumer modes (benchmarks.latency --modes), each reported on its own as "
+                        "latency_<mode> (default defaults,unbuffered)")
     p.add_argument("--nsqpy-command", default=NSQPY_COMMAND,
                    help="how to start nsqpy; {python} and {data_path} are filled in")
     p.add_argument("--ready-timeout", type=duration_s, default=60.0, help="wait this long for its listening line")
@@ -104,16 +137,19 @@ def main(argv=None) -> int:
                 for name, address in targets.items():
                     log(f"compare: round {round_no + 1}/{opts.rounds} on {name} ({address})")
                     topic = f"cmp{round_no}"
-                    for scenario, result in run_scenarios(address, topic, opts).items():
-                        runs.append({"round": round_no, "target": name, "scenario": scenario, "result": result})
+                    for scenario, mode, result in run_scenarios(address, topic, opts):
+                        runs.append({"round": round_no, "target": name, "scenario": scenario,
+                                     **({"mode": mode} if mode else {}), "result": result})
         if nsqpy.proc.returncode not in (0, -15):
             log(f"compare: nsqpy exited with {nsqpy.proc.returncode}")
-    medians, ratios = summarize(runs, list(targets))
+    table = figures(opts.latency_modes)
+    medians, ratios = summarize(runs, list(targets), table)
     for scenario, row in ratios.items():
         log(f"compare: {scenario}: " + ", ".join(f"nsqpy/{n} = {r:.3f}" if r else f"nsqpy/{n} = n/a"
                                                  for n, r in row.items()))
     result = {"tool": "compare", "targets": targets, "rounds": opts.rounds, "runfor_s": opts.runfor,
-              "latency_rate": opts.latency_rate, "figures": {s: f for s, (f, _) in FIGURES.items()},
+              "latency_rate": opts.latency_rate, "latency_modes": opts.latency_modes,
+              "figures": {s: f for s, (f, _) in table.items()},
               "medians": medians, "ratios": ratios, "runs": runs,
               "errors": sum(int(r["result"].get("errors", 0)) for r in runs), **environment()}
     if opts.plot:

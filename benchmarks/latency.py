@@ -1,7 +1,8 @@
 """Publish-to-handler latency at fixed publish rates.
 
     python -m benchmarks.latency [--nsqd-tcp-address=127.0.0.1:4150] [--rates=1000,10000,100000]
-        [--runfor=5s] [--size=200] [--topic=latency_bench] [--channel=lat] [--no-ceiling] [--out=FILE]
+        [--modes=defaults,unbuffered] [--runfor=5s] [--size=200] [--topic=latency_bench] [--channel=lat]
+        [--no-ceiling] [--out=FILE]
 
 Theory of operation
 -------------------
@@ -19,8 +20,21 @@ tells the consumer how many it sent per phase (a first, unreported warm-up phase
 
 Body layout: [int64 scheduled ns][uint32 run id][uint16 phase][padding to --size], big-endian.
 
---ceiling (on by default) first runs the same phases for --ceiling-runfor each against an in-process
-`source_server --relay` on port 0: the latency this tool measures when the broker costs almost nothing.
+Consumer modes (--modes, each runs every rate with a consumer of its own; the publisher is the same):
+
+  defaults    the consumer's IDENTIFY carries NSQ's client defaults, as go-nsq and pynsq send them:
+              output_buffer_size 16384, output_buffer_timeout 250 (ms). nsqd buffers what it writes to the
+              consumer and flushes when 16 KiB fill, when the consumer's in-flight count reaches its RDY, or on a
+              250 ms ticker: a message can wait there up to 16 KiB's worth of traffic or 250 ms.
+  unbuffered  the same IDENTIFY with output_buffer_size -1 (what go-nsq sends for OutputBufferSize = -1):
+              nsqd then writes every message straight to the socket (buffer size 1, no flush timer).
+
+--ceiling (on by default) first runs the same modes and phases for --ceiling-runfor each against an
+in-process `source_server --relay` on port 0: the latency this tool measures when the broker costs almost
+nothing, i.e. the tool's own overhead. It is reported next to the result (`ceiling`), never subtracted.
+
+The JSON line has one `phases` list (and one `ceiling` list): an entry per mode and rate, in that order,
+each carrying `mode` and `rate`.
 """
 
 from __future__ import annotations
@@ -28,6 +42,7 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
+import socket
 import time
 
 import numpy as np
@@ -37,7 +52,7 @@ from nsqpy.protocol import client
 from benchmarks import source_server
 from benchmarks.common import (
     BenchError, base_parser, cli, emit, environment, log, wait_for_deadline)
-from benchmarks.wire import Connection, MessageStream, fin_lines, warm_up
+from benchmarks.wire import USER_AGENT, Connection, MessageStream, fin_lines, warm_up
 
 HEADER = 14                 # stamp 8 + run id 4 + phase 2
 MAX_BATCH = 2000            # messages per MPUB at most, whatever fell due
@@ -46,6 +61,24 @@ WARMUP_S = 0.5              # an unreported first phase at the first rate: numba
 POLL_S = 0.05               # consumer's receive timeout, so it notices the publisher's final counts
 CDF_QUANTILES = np.concatenate([np.linspace(0, 0.99, 100), [0.995, 0.999, 0.9995, 0.9999, 1.0]])
 _STAMP_SPAN = np.arange(HEADER, dtype=np.int64)
+# consumer mode -> what its IDENTIFY adds (go-nsq's defaults: OutputBufferSize 16384, OutputBufferTimeout 250ms)
+MODES = {"defaults": {"output_buffer_size": 16384, "output_buffer_timeout": 250},
+         "unbuffered": {"output_buffer_size": -1, "output_buffer_timeout": 250}}
+
+
+class ConsumerConnection(Connection):
+    """A `Connection` whose IDENTIFY also carries the mode's output buffer fields (no feature negotiation, so
+    the reply is OK; nsqd applies the fields all the same, and rejects invalid ones with E_BAD_BODY)."""
+
+    def __init__(self, address: tuple[str, int], identify_extra: dict, timeout: float = 10.0):
+        self.sock = socket.create_connection(address, timeout=timeout)
+        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
+        self.decoder = client.FrameDecoder()
+        self.pending: list[tuple[int, bytes]] = []
+        self.send(client.magic() + client.identify({
+            "client_id": "bench", "hostname": socket.gethostname(), "user_agent": USER_AGENT,
+            "feature_negotiation": False, **identify_extra}))
+        self.expect_ok("IDENTIFY")
 
 
 def bodies(scheduled_ns: np.ndarray, run_id: int, phase: int, size: int) -> list[bytes]:
@@ -85,10 +118,11 @@ def publish_phase(conn: Connection, opts, run_id: int, phase: int, rate: int, ru
     return {"rate": rate, "sent": sent, "achieved_rate": sent / elapsed, "max_publish_lag_ms": max_lag / 1e6}
 
 
-def consume(opts, phases: int, run_id: int, pipe) -> None:
-    """The consumer process: subscribe, report ready, collect latencies until told the totals and all came."""
+def consume(opts, mode: str, phases: int, run_id: int, pipe) -> None:
+    """The consumer process: IDENTIFY as `mode` says, subscribe, report ready, collect latencies until told the
+    totals and all came."""
     try:
-        conn = Connection(opts.nsqd_tcp_address)
+        conn = ConsumerConnection(opts.nsqd_tcp_address, MODES[mode])
         conn.subscribe(opts.topic, opts.channel, opts.rdy)
         stream = MessageStream(conn)
     except (OSError, BenchError) as err:
@@ -132,12 +166,13 @@ def summarize(latencies_ns: np.ndarray) -> dict:
             "cdf_us": np.quantile(us, CDF_QUANTILES).round(1).tolist()}
 
 
-def run_phases(opts, rates: list[int], runfor: float) -> dict:
-    """One consumer process and this process publishing: every rate in turn, then the per-rate figures."""
+def run_phases(opts, mode: str, rates: list[int], runfor: float) -> dict:
+    """One consumer process in `mode` and this process publishing: every rate in turn, then the per-rate
+    figures (each phase tagged with the mode)."""
     run_id = int.from_bytes(os.urandom(4), "big")
     ctx = multiprocessing.get_context("fork")
     ours, theirs = ctx.Pipe()
-    consumer = ctx.Process(target=consume, args=(opts, len(rates) + 1, run_id, theirs), daemon=True)
+    consumer = ctx.Process(target=consume, args=(opts, mode, len(rates) + 1, run_id, theirs), daemon=True)
     consumer.start()
     theirs.close()
     try:
@@ -157,11 +192,11 @@ def run_phases(opts, rates: list[int], runfor: float) -> dict:
         consumer.join(timeout=5)
         if consumer.is_alive():
             consumer.kill()
-    phases = [{**pub, **con, "lost": pub["sent"] - con["received"]}
+    phases = [{"mode": mode, **pub, **con, "lost": pub["sent"] - con["received"]}
               for pub, con in zip(published, consumed["phases"])][1:]  # [0] is the warm-up
     errors = sum(p["lost"] != 0 for p in phases) + bool(consumed["error"]) + consumed["nonfatal_errors"]
     for p in phases:
-        log(f"latency @ {p['rate']}/s: sent {p['sent']} received {p['received']} - "
+        log(f"latency {mode} @ {p['rate']}/s: sent {p['sent']} received {p['received']} - "
             f"p50 {p.get('p50_us', 0):.0f}us - p99 {p.get('p99_us', 0):.0f}us - "
             f"p99.9 {p.get('p999_us', 0):.0f}us - max {p.get('max_us', 0):.0f}us")
     return {"phases": phases, "errors": errors, "first_error": consumed["error"]}
@@ -172,28 +207,54 @@ def parser() -> argparse.ArgumentParser:
     p.set_defaults(topic="latency_bench", runfor=5.0, ceiling_runfor=1.0)
     p.add_argument("--channel", default="lat")
     p.add_argument("--rates", default="1000,10000,100000", help="comma-separated messages per second")
+    p.add_argument("--modes", default="defaults,unbuffered",
+                   help="comma-separated consumer modes, each runs every rate: defaults (IDENTIFY "
+                        "output_buffer_size 16384, output_buffer_timeout 250 ms, as NSQ's clients) and "
+                        "unbuffered (output_buffer_size -1)")
     p.add_argument("--rdy", type=int, default=2500)
     return p
+
+
+def run_modes(opts, modes: list[str], rates: list[int], runfor: float) -> dict:
+    """`run_phases` for each mode in turn: one list of phases (mode-major), errors summed, the first error."""
+    phases, errors, first_error = [], 0, ""
+    for mode in modes:
+        got = run_phases(opts, mode, rates, runfor)
+        phases += got["phases"]
+        errors += got["errors"]
+        first_error = first_error or got["first_error"]
+    return {"phases": phases, "errors": errors, "first_error": first_error}
 
 
 def main(argv=None) -> int:
     opts = parser().parse_args(argv)
     warm_up()
     rates = [int(r) for r in opts.rates.split(",") if r]
+    modes = [m for m in opts.modes.split(",") if m]
+    unknown = [m for m in modes if m not in MODES]
+    if unknown or not modes:
+        raise BenchError(f"--modes: unknown {unknown or modes}; choose from {', '.join(MODES)}")
     if opts.size < HEADER:
         raise BenchError(f"--size must be at least {HEADER} (the stamp)")
     result = {"tool": "latency", "target": "%s:%d" % opts.nsqd_tcp_address, "topic": opts.topic,
-              "size": opts.size, "rates": rates, "runfor_s": opts.runfor, **environment()}
+              "size": opts.size, "rates": rates, "modes": modes,
+              "identify": {m: MODES[m] for m in modes}, "runfor_s": opts.runfor, **environment()}
     if opts.ceiling:
         with source_server.start(relay=True) as relay:
             standin = argparse.Namespace(**vars(opts))
             standin.nsqd_tcp_address = relay.address
-            log("latency ceiling (in-process relay):")
-            ceiling = run_phases(standin, rates, opts.ceiling_runfor)
+            log("latency ceiling (in-process relay; the tool's own overhead, not subtracted):")
+            ceiling = run_modes(standin, modes, rates, opts.ceiling_runfor)
         result["ceiling"] = ceiling["phases"]
         result["ceiling_errors"] = ceiling["errors"]
     wait_for_deadline(opts.deadline)
-    result.update(run_phases(opts, rates, opts.runfor))
+    result.update(run_modes(opts, modes, rates, opts.runfor))
+    ceilings = {(c["mode"], c["rate"]): c for c in result.get("ceiling", [])}
+    for p in result["phases"]:
+        c = ceilings.get((p["mode"], p["rate"]), {})
+        log(f"latency {p['mode']} @ {p['rate']}/s: p50 {p.get('p50_us', 0):.0f}us p99 {p.get('p99_us', 0):.0f}us"
+            + (f" (tool's own, against the stand-in: p50 {c.get('p50_us', 0):.0f}us p99 {c.get('p99_us', 0):.0f}us)"
+               if c else ""))
     emit(result, opts.out)
     return 1 if result["errors"] else 0
 

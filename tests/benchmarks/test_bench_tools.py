@@ -7,10 +7,12 @@ No broker is needed here; the runs against nsqd/nsqpy are the lead's.
 from __future__ import annotations
 
 import json
+import socket
+import threading
 
 import pytest
 
-from benchmarks import make_table
+from benchmarks import compare, latency, make_table
 from benchmarks.process import ListeningProcess, python_module, run_tool
 
 RUN = ["--runfor", "1s", "--connections", "2"]
@@ -84,16 +86,66 @@ def test_reader_count_fails_when_messages_are_missing():
     assert code == 1 and result["msgs"] == 1000
 
 
-def test_latency_against_relay():
+def test_latency_against_relay_both_modes_with_ceiling():
     with serve("benchmarks.source_server", "--relay") as server:
         code, result = run_tool("benchmarks.latency", "--nsqd-tcp-address", server.address_text,
-                                "--rates", "1000,5000", "--runfor", "500ms", "--no-ceiling", timeout=60)
-    assert code == 0 and result["errors"] == 0
-    assert [p["rate"] for p in result["phases"]] == [1000, 5000]
-    for phase in result["phases"]:
-        assert phase["sent"] == phase["received"] == phase["rate"] // 2 and phase["lost"] == 0
+                                "--rates", "1000,5000", "--runfor", "300ms", "--ceiling-runfor", "200ms", timeout=90)
+    assert code == 0 and result["errors"] == 0 and result["ceiling_errors"] == 0
+    assert result["modes"] == ["defaults", "unbuffered"]
+    assert result["identify"] == {"defaults": {"output_buffer_size": 16384, "output_buffer_timeout": 250},
+                                  "unbuffered": {"output_buffer_size": -1, "output_buffer_timeout": 250}}
+    shape = [("defaults", 1000), ("defaults", 5000), ("unbuffered", 1000), ("unbuffered", 5000)]
+    assert [(p["mode"], p["rate"]) for p in result["phases"]] == shape
+    assert [(p["mode"], p["rate"]) for p in result["ceiling"]] == shape  # reported beside, not subtracted
+    for phase, seconds in [(p, 0.3) for p in result["phases"]] + [(p, 0.2) for p in result["ceiling"]]:
+        assert phase["sent"] == phase["received"] == int(phase["rate"] * seconds) and phase["lost"] == 0
         assert 0 < phase["p50_us"] <= phase["p99_us"] <= phase["p999_us"] <= phase["max_us"]
         assert phase["cdf_us"] == sorted(phase["cdf_us"])
+
+
+def test_latency_one_mode_only():
+    with serve("benchmarks.source_server", "--relay") as server:
+        code, result = run_tool("benchmarks.latency", "--nsqd-tcp-address", server.address_text, "--modes",
+                                "unbuffered", "--rates", "2000", "--runfor", "300ms", "--no-ceiling", timeout=60)
+    assert code == 0 and result["errors"] == 0 and "ceiling" not in result
+    (phase,) = result["phases"]
+    assert phase["mode"] == "unbuffered" and phase["rate"] == 2000 and phase["received"] == 600
+
+
+@pytest.mark.parametrize("mode", sorted(latency.MODES))
+def test_latency_consumer_identify_carries_the_mode(mode):
+    """What the consumer's IDENTIFY body says, read off the wire by a one-shot server."""
+    with socket.create_server(("127.0.0.1", 0)) as listener:
+        got = {}
+
+        def serve_once():
+            conn, _ = listener.accept()
+            with conn, conn.makefile("rb") as f:
+                assert f.read(4) == b"  V2" and f.readline() == b"IDENTIFY\n"
+                got.update(json.loads(f.read(int.from_bytes(f.read(4), "big"))))
+                conn.sendall((6).to_bytes(4, "big") + (0).to_bytes(4, "big") + b"OK")
+
+        thread = threading.Thread(target=serve_once, daemon=True)
+        thread.start()
+        latency.ConsumerConnection(listener.getsockname(), latency.MODES[mode]).close()
+        thread.join(5)
+    assert got["feature_negotiation"] is False
+    expected = {"defaults": (16384, 250), "unbuffered": (-1, 250)}[mode]
+    assert (got["output_buffer_size"], got["output_buffer_timeout"]) == expected
+
+
+def test_compare_reports_latency_per_mode():
+    runs = [{"target": t, "scenario": "latency", "mode": m, "result": {"p99_us": v}}
+            for t, m, v in [("nsqpy", "defaults", 100.0), ("nsqpy", "defaults", 300.0), ("go", "defaults", 400.0),
+                            ("nsqpy", "unbuffered", 50.0), ("go", "unbuffered", 25.0)]]
+    runs.append({"target": "nsqpy", "scenario": "pub", "result": {"ops_per_s": 10.0}})
+    runs.append({"target": "go", "scenario": "pub", "result": {"ops_per_s": 20.0}})
+    table = compare.figures(["defaults", "unbuffered"])
+    medians, ratios = compare.summarize(runs, ["nsqpy", "go"], table)
+    assert medians["latency_defaults"] == {"nsqpy": 200.0, "go": 400.0}
+    assert medians["latency_unbuffered"] == {"nsqpy": 50.0, "go": 25.0}
+    assert ratios["latency_defaults"] == {"go": 0.5} and ratios["latency_unbuffered"] == {"go": 2.0}
+    assert ratios["pub"] == {"go": 0.5} and "latency" not in medians
 
 
 def test_make_table_rewrites_only_between_the_markers(tmp_path):
