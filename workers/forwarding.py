@@ -17,8 +17,9 @@ import numpy as np
 from ipc.ring import C_HEAD, C_READ, C_STALLED, P_TAIL
 from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed
 from workers import commands as CMD
-from workers.records import COMMAND, EMPTY_FORWARD, FORWARD, FORWARD_BY_FILE, forward_size, forward_topic, \
-    owner_of, pack_forward, set_want_room, unpack_command, unpack_forward, want_room
+from workers.records import COMMAND, EMPTY_FORWARD, FORWARD, FORWARD_BY_FILE, RUN_APPEND, RUN_FIRST, RUN_MSG, \
+    RUN_MSGS, RUN_NAME, RUN_NAME_LEN, RUN_RECORDS, forward_size, forward_topic, owner_of, pack_forward, \
+    plan_forward_runs, set_want_room, unpack_command, unpack_forward, want_room
 from workers.suspects import COUNT as SUSPECT_COUNT, FORWARD as FORWARD_SUSPECT, quarantine_file
 from workers.topic import StorageError
 
@@ -334,12 +335,15 @@ class Forwarding:
         self.suspect.begin(FORWARD_SUSPECT, i, 0, int(ctl[C_HEAD]), 0)
         self._fwd_k = 0
         self._fwd_refused = False
-        handler = self._on_forwarded
-        if self._fwd_poison is not None and self._fwd_poison[0] == i:
-            handler = self._set_aside_forwarded
         self._draining = True  # a command in the ring (e.g. topic_delete) must not drain rings again
         try:
-            done = link.drain(handler)
+            if self._fwd_poison is not None and self._fwd_poison[0] == i:
+                done = link.drain(self._set_aside_forwarded)
+            elif self._fwd_careful == i:
+                self._fwd_careful = None
+                done = link.drain(self._on_forwarded)
+            else:
+                done = link.drain_runs(self._plan_runs, self._on_run)
         finally:
             self._draining = False
         self.suspect.end()
@@ -350,6 +354,48 @@ class Forwarding:
         if done and want_room(ctl):  # its sender parked publishes for want of room: there is some now
             self.links.wake(self._pub_in_from[i])
         return done
+
+    def _plan_runs(self, data, offs, lens, types):
+        """The drained batch as runs (records.plan_forward_runs): -> (first record, record count) per run."""
+        runs, msgs = self._fwd_runs, self._fwd_msgs
+        self._fwd_batch = (data, offs, lens, types)
+        r, m = plan_forward_runs(data, offs, lens, types, runs, *msgs)
+        if r < 0:  # more messages than the arrays hold: grow them (to a power of two) and plan again
+            self._fwd_msgs = msgs = tuple(np.zeros(1 << (m - 1).bit_length(), np.int64) for _ in range(3))
+            r, m = plan_forward_runs(data, offs, lens, types, runs, *msgs)
+        return runs[:r, RUN_FIRST:RUN_RECORDS + 1].tolist()
+
+    def _on_run(self, j, first, count):
+        """Append run j of the batch being drained: consecutive forwarded publishes to one topic, with one
+        Topic.append (each message keeps its record's timestamp); any other record through _on_forwarded. The
+        suspect words name the run's first record (a crash then drains that ring record by record once:
+        Recovery). -> False (exactly) to stop the drain at this run, as _on_forwarded."""
+        self._fwd_k = first
+        run = self._fwd_runs[j]
+        data, offs, lens, types = self._fwd_batch
+        if not run[RUN_APPEND]:
+            off = int(offs[first])
+            return self._on_forwarded(int(types[first]), data[off:off + int(lens[first])])
+        if self._fwd_blocked_until:
+            if time.monotonic() < self._fwd_blocked_until:
+                self._fwd_refused = True
+                return False
+            self._fwd_blocked_until = 0.0
+        self.suspect.w[self.suspect.base + SUSPECT_COUNT] = first
+        a, b = int(run[RUN_MSG]), int(run[RUN_MSG] + run[RUN_MSGS])
+        topic = bytes(data[run[RUN_NAME]:run[RUN_NAME] + run[RUN_NAME_LEN]]).decode()
+        m_offs, m_lens, m_ts = (x[a:b] for x in self._fwd_msgs)
+        try:
+            ok = self.get_topic(topic).append(data, m_offs, m_lens, m_ts, acknowledged=True)
+        except StorageError:
+            ok = False
+        if not ok:
+            self._fwd_refused = True
+            self._fwd_blocked_until = time.monotonic() + FORWARD_RETRY
+            self.loop.call_later(FORWARD_RETRY, _nothing)  # wakes the loop to try again
+            return False
+        self._fwd_k = first + count
+        return True
 
     def _set_aside_forwarded(self, rtype, payload):
         """The first drain of the ring a poison record came from: set that record aside, append the others."""

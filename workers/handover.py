@@ -94,7 +94,8 @@ class Connections:
             return
         s.detach()
         s.sock.close()
-        self.log.debug(f"worker {self.index}: handed {s.remote_text} to worker {owner}")
+        role = "subscriber" if kind == MOVED_SUBSCRIBER else "producer"
+        self.log.debug(f"worker {self.index}: handed {role} {s.remote_text} to worker {owner}")
 
     def _moved_session(self, sock, remote, kind, blob):
         state = json.loads(blob)

@@ -171,30 +171,53 @@ class Link:
         """Call handle(rtype, payload) for committed records in order; a record is released once handle returned.
         A handler that returns False (exactly: it cannot take the record now, e.g. the log is full) stops the
         drain, and that record is offered again next time. -> records done."""
-        ring = self.ring
-        if ring.ctl[P_TAIL] == ring.ctl[C_READ]:
+        batch = self._read(max_records)
+        if batch is None:
             return 0
-        offs, lens, types = ring.read_batch(max_records)
-        n = len(offs)
-        if n == 0:
-            return 0
-        head = int(ring.ctl[C_HEAD])
-        data = ring.data
+        offs, lens, types = batch
+        data = self.ring.data
         done = 0
-        end = head
-        for k in range(n):
+        for k in range(len(offs)):
             off, length = int(offs[k]), int(lens[k])
             if handle(int(types[k]), data[off:off + length]) is False:
                 break
-            start_idx = off - HEADER_BYTES
-            pos = end + ((start_idx - (end & self.mask)) & self.mask)  # skips any padding before it
-            end = pos + record_size(length)
             done += 1
-        if done == n:
+        return self._release(offs, lens, done)
+
+    def drain_runs(self, plan, handle, max_records=DRAIN_BATCH):
+        """drain for runs of records: plan(data, offs, lens, types) -> the runs' (first record, record count) in
+        order, covering the batch; handle(run index, first, count) -> False stops the drain, and that run's records
+        are offered again next time. Records are released once their run was handled. -> records done."""
+        batch = self._read(max_records)
+        if batch is None:
+            return 0
+        offs, lens, types = batch
+        done = 0
+        for j, (first, count) in enumerate(plan(self.ring.data, offs, lens, types)):
+            if handle(j, first, count) is False:
+                break
+            done += count
+        return self._release(offs, lens, done)
+
+    def _read(self, max_records):
+        ring = self.ring
+        if ring.ctl[P_TAIL] == ring.ctl[C_READ]:
+            return None
+        batch = ring.read_batch(max_records)
+        return batch if len(batch[0]) else None
+
+    def _release(self, offs, lens, done):
+        """Release the first ``done`` records of the batch just read; the rest are offered again. -> done."""
+        ring = self.ring
+        if done == len(offs):
             ring.release()
-        else:
-            ring.release(end)
-            ring.ctl[C_READ] = end  # offer the refused record again
+            return done
+        end = head = int(ring.ctl[C_HEAD])
+        if done:
+            start_idx = int(offs[done - 1]) - HEADER_BYTES  # its position: head plus the distance, padding included
+            end = head + ((start_idx - (head & self.mask)) & self.mask) + record_size(int(lens[done - 1]))
+        ring.release(end)
+        ring.ctl[C_READ] = end  # offer the refused record again
         return done
 
 

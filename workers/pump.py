@@ -37,6 +37,7 @@ and the move streak.
 Resource handling: the epoll fd is the pump's; sockets stay owned by their sessions, which call ``remove``
 before closing or handing one away.
 """
+import os
 import select
 import time
 
@@ -54,6 +55,7 @@ MAX_EVENTS = 1024
 MOVE_AFTER = 64             # lone PUBs in a row to another worker's topics: the producer may move there...
 MOVE_CROWD = 4              # ...once this many producers here may move to the same worker (see ARCHITECTURE.md)
 FOLLOW_S = 1.0              # after a crowd moved, seconds during which single producers follow it
+SPREAD_MIN_CPUS = 4         # --producer-placement=auto: spread producers when nsqd can use this many CPUs
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
@@ -223,10 +225,22 @@ def _settle_and_send(st_fd, st_gen, st_topic, failed, n, gen, busy, tally, tally
     return k, attention, m
 
 
+def moves_producers(placement, workers, cpus=None):
+    """--producer-placement: do round-trip producers move to their topics' owner? (ARCHITECTURE.md: with few
+    CPUs the forwarding's extra CPU costs more than one worker doing all socket calls; with more, spreading the
+    socket calls over every worker wins.)"""
+    if placement != "auto":
+        return placement == "owner"
+    if cpus is None:
+        cpus = len(os.sched_getaffinity(0))
+    return min(workers, cpus) < SPREAD_MIN_CPUS
+
+
 class Pump:
-    def __init__(self, max_msg_size, me=0):
+    def __init__(self, max_msg_size, me=0, move=True):
         self.max_msg = max_msg_size
         self.me = me
+        self.move = move  # round-trip producers may move to their topics' owner (moves_producers)
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
         self.buf = np.empty(BUFFER_SIZE, np.uint8)
@@ -386,7 +400,7 @@ class Pump:
                     s.write(OK_FRAME[max(int(sent[i]), 0):])
         for t in failed:
             self.failed[t] = 0
-        if m:
+        if m and self.move:
             self._move_crowds(self.movers[:m].tolist(), move)
 
     def _move_crowds(self, fds, move):

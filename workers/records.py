@@ -101,6 +101,103 @@ def unpack_forward(payload, one_off, one_len):
 EMPTY_FORWARD = np.frombuffer(FWD_HEAD.pack(0, 0, 0, 0), np.uint8)  # stands for a forward whose file is gone
 
 
+# runs of forwarded publishes: what the owner appends with one call -----------------------------------------
+RUN_FIRST, RUN_RECORDS, RUN_APPEND, RUN_MSG, RUN_MSGS, RUN_NAME, RUN_NAME_LEN = range(7)
+RUN_WORDS = 7
+FWD_HEAD_SIZE = FWD_HEAD.size
+
+
+@njit(cache=True)
+def _le64(data, at):
+    v = np.int64(0)
+    for k in range(8):
+        v |= np.int64(data[at + k]) << np.int64(8 * k)
+    return v
+
+
+@njit(cache=True)
+def _same_bytes(data, a, b, n):
+    for k in range(n):
+        if data[a + k] != data[b + k]:
+            return False
+    return True
+
+
+@njit(cache=True)
+def plan_forward_runs(data, offs, lens, types, runs, msg_off, msg_len, msg_ts):
+    """Group a drained batch of ring records (payload i at data[offs[i]:offs[i]+lens[i]]) into runs, in order.
+    A run of RUN_APPEND = 1 is consecutive FORWARD records for one topic without a defer: its RUN_MSGS messages
+    (body offsets into data, lengths, each record's timestamp) are msg_*[RUN_MSG:RUN_MSG+RUN_MSGS], its topic name
+    data[RUN_NAME:+RUN_NAME_LEN], so the owner appends them with one call. Any other record (a command, a file,
+    a deferred or malformed publish) is a run of its own with RUN_APPEND = 0, for the one-record path.
+    -> (runs, messages); (-1, messages needed) when msg_* are too small."""
+    head = FWD_HEAD_SIZE
+    need = 0
+    for i in range(offs.size):
+        if types[i] == FORWARD and lens[i] >= head:
+            need += max(_le64(data, offs[i]), 0)
+    if need > msg_off.size:
+        return -1, need
+    r = 0
+    m = 0
+    for i in range(offs.size):
+        o = offs[i]
+        end = o + lens[i]
+        ok = types[i] == FORWARD and lens[i] >= head
+        cnt = 0
+        ts = 0
+        tl = 0
+        if ok:
+            cnt = _le64(data, o)
+            ts = _le64(data, o + 8)
+            tl = _le64(data, o + 24)
+            ok = cnt > 0 and _le64(data, o + 16) == 0 and 0 < tl <= 64 and o + head + tl + 8 * cnt <= end
+        if ok:  # the bodies must fill the record exactly
+            p = o + head + tl
+            total = 0
+            for k in range(cnt):
+                ln = _le64(data, p + 8 * k)
+                if ln < 0:
+                    total = -1
+                    break
+                total += ln
+            ok = total >= 0 and p + 8 * cnt + total == end
+        if not ok:
+            runs[r, RUN_FIRST] = i
+            runs[r, RUN_RECORDS] = 1
+            runs[r, RUN_APPEND] = 0
+            runs[r, RUN_MSG] = m
+            runs[r, RUN_MSGS] = 0
+            runs[r, RUN_NAME] = 0
+            runs[r, RUN_NAME_LEN] = 0
+            r += 1
+            continue
+        name = o + head
+        if r > 0 and runs[r - 1, RUN_APPEND] == 1 and runs[r - 1, RUN_NAME_LEN] == tl and \
+                _same_bytes(data, runs[r - 1, RUN_NAME], name, tl):
+            runs[r - 1, RUN_RECORDS] += 1
+        else:
+            runs[r, RUN_FIRST] = i
+            runs[r, RUN_RECORDS] = 1
+            runs[r, RUN_APPEND] = 1
+            runs[r, RUN_MSG] = m
+            runs[r, RUN_MSGS] = 0
+            runs[r, RUN_NAME] = name
+            runs[r, RUN_NAME_LEN] = tl
+            r += 1
+        p = name + tl
+        body = p + 8 * cnt
+        for k in range(cnt):
+            ln = _le64(data, p + 8 * k)
+            msg_off[m] = body
+            msg_len[m] = ln
+            msg_ts[m] = ts
+            body += ln
+            m += 1
+        runs[r - 1, RUN_MSGS] += cnt
+    return r, m
+
+
 # ---- control commands ------------------------------------------------------------------------------------
 def pack_command(slot, seq, op, topic, channel=None, flags=0):
     t = topic.encode()
@@ -142,3 +239,7 @@ def warm_up():
     set_want_room(ring.ctl, 0)
     out = np.empty(64, np.uint8)
     pack_forward(out, b"t", np.frombuffer(b"xy", np.uint8), np.zeros(1, np.int64), np.ones(1, np.int64), 0, 0)
+    ring.write(out[:forward_size(b"t", np.ones(1, np.int64))].tobytes(), FORWARD)
+    offs, lens, types = ring.read_batch(4)
+    msgs = tuple(np.zeros(4, np.int64) for _ in range(3))
+    plan_forward_runs(ring.data, offs, lens, types, np.zeros((4, RUN_WORDS), np.int64), *msgs)

@@ -35,6 +35,10 @@ class Recovery:
         elif kind == FORWARD_SUSPECT:
             if self.suspect.forwarded_again(a, pos, count):
                 self._fwd_poison = (a, count)
+            else:
+                # its drain appended runs of records, and ``count`` names a run's first: drain that ring one
+                # record at a time once, so that a second crash names the record itself
+                self._fwd_careful = a
 
     def _set_aside(self, ch, pos):
         """Take the message at log position pos out of channel ch's delivery and keep its body on disk."""

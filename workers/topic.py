@@ -152,8 +152,9 @@ class Topic:
             self.ctrl.flush()
 
     def append(self, src, offsets, lengths, timestamp, defer_ms=0, acknowledged=False):
-        """Append n messages accepted at `timestamp` ns (all or nothing). Returns False when the log is full and
-        nothing was appended. ``acknowledged``: another worker already answered OK for them, so they may use
+        """Append n messages accepted at `timestamp` ns (or at timestamp[i] ns each, an int64 array: a run of
+        forwarded publishes) (all or nothing). Returns False when the log is full and nothing was appended.
+        ``acknowledged``: another worker already answered OK for them, so they may use
         the log's overdraft; the topic is then marked full, so that no more are forwarded."""
         n = len(lengths)
         now = time.time_ns()
@@ -161,10 +162,10 @@ class Topic:
             ids, timestamps = self._one_id, self._one_ts
             value = self.ids.next_id(now)
             ids[0] = value - (1 << 64) if value >= 1 << 63 else value  # the uint64 ID as the log's int64 word
-            timestamps[0] = timestamp
+            timestamps[0] = timestamp[0] if isinstance(timestamp, np.ndarray) else timestamp
         else:
             ids = self.ids.next_ids(n, now).view(np.int64)
-            timestamps = np.full(n, timestamp, np.int64)
+            timestamps = timestamp if isinstance(timestamp, np.ndarray) else np.full(n, timestamp, np.int64)
         not_before = None
         if defer_ms:
             not_before = np.full(n, now + defer_ms * 1_000_000, np.int64)

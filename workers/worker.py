@@ -44,11 +44,12 @@ from workers.forwarding import Forwarding
 from workers.handover import Connections
 from workers.loop import Loop
 from workers.persistence import Persistence
-from workers.pump import Pump
+from workers.pump import Pump, moves_producers
 from workers.reclaim import Reclaim
 from workers.registry import Registry
 from workers.recovery import Recovery
-from workers.records import set_want_room
+from workers.links import DRAIN_BATCH
+from workers.records import RUN_WORDS, set_want_room
 from workers.stats import STATS_WAKE_SIGNAL, StatsPublisher
 from workers.timekeeping import Timekeeping
 from workers.timers import TimerBatches
@@ -105,7 +106,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.touched = set()           # topics whose low-water marks may have moved since the last reclaim pass
         self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
         self._storage_logged = {}
-        self.pump = Pump(self.limits.max_msg_size, index)
+        self.pump = Pump(self.limits.max_msg_size, index,
+                         moves_producers(self.opts.producer_placement, plan.workers))
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0
@@ -134,6 +136,10 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self._fwd_k = 0                 # index of the forwarded record being appended, in its drain batch
         self._fwd_refused = False       # the drain stopped at a record its topic cannot take (ring: C_STALLED)
         self._fwd_poison = None         # (link, index in its first batch): a forwarded record to set aside
+        self._fwd_careful = None        # a link whose next drain goes record by record (a drain of it crashed)
+        self._fwd_runs = np.zeros((DRAIN_BATCH, RUN_WORDS), np.int64)  # plan_forward_runs' output
+        self._fwd_msgs = tuple(np.zeros(4096, np.int64) for _ in range(3))  # its messages: offsets, lengths, ts
+        self._fwd_batch = None          # (ring data, offsets, lengths, types) of the batch being drained
         self._fwd_files = 0             # large forwarded publishes written (file names)
         self._parked = {}               # owner -> deque of Parked publishes waiting for room in its ring, in order
         self._parked_count = 0

@@ -217,6 +217,17 @@ class NsqdOptions(DaemonOptions):
                                     "nsqpy only: gunicorn worker class of the HTTP API: asgi (the fastest, "
                                     "benchmarks/results/http_bench.json), sync or gthread (8 threads each)",
                                     nsqpy_only=True)
+    producer_placement: str = option(Choice({"auto": "auto", "owner": "owner", "spread": "spread"},
+                                            "must be auto, owner or spread"), "auto",
+                                     "nsqpy only: where a producer that sends one PUB per round trip is served. "
+                                     "owner: once 4 such producers of a worker publish only to topics of one "
+                                     "other worker, they move there (least CPU per message: nothing crosses a "
+                                     "ring, but that worker alone does their socket calls); spread: they stay "
+                                     "where the acceptor put them and forward to the owner, which appends in "
+                                     "batches (the socket calls of one hot topic use every worker); auto: owner "
+                                     "when nsqd can use fewer than 4 CPUs (min of --workers and the CPUs it may "
+                                     "run on), else spread (the cost model in ARCHITECTURE.md)",
+                                     nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.

@@ -15,7 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Pub
-from workers.pump import MOVE_AFTER, MOVE_CROWD, Pump, find_topic, lone_pub_line
+from workers.pump import MOVE_AFTER, MOVE_CROWD, Pump, find_topic, lone_pub_line, moves_producers
 from wire import Conn, consumer, unique
 
 LIMITS = Limits(max_msg_size=64)
@@ -102,13 +102,16 @@ def test_a_full_topic_refuses_lone_pubs_and_keeps_what_it_answered(nsqd_factory)
         c.expect_no_frame(within=0.3)
 
 
-def test_round_trip_producers_move_to_the_owner_and_keep_their_order(nsqd_factory):
-    """Producers spread over both workers, each publishing lone PUBs to one topic in lockstep: those not on the
-    topic's owner move there in crowds (log lines say so); nothing is lost, and each producer's messages arrive
-    in the order it published them, across its move."""
-    nsqd = nsqd_factory("--log-level=debug")
+@pytest.mark.parametrize("placement,workers", [("owner", 2), ("spread", 2), ("owner", 4), ("spread", 4)])
+def test_round_trip_producers_keep_their_order_moved_or_spread(nsqd_factory, placement, workers):
+    """Producers spread over the workers, each publishing lone PUBs to one topic in lockstep. With
+    --producer-placement=owner those not on the topic's owner move there in crowds (log lines say so), with
+    spread they stay and forward (their owner appends runs of forwarded records); either way nothing is lost,
+    and each producer's messages arrive in the order it published them, across its move. 4 workers: more
+    workers than this machine's cores."""
+    nsqd = nsqd_factory("--log-level=debug", f"--producer-placement={placement}", workers=workers)
     topic = unique()
-    producers, per = 2 * (MOVE_CROWD + 2), 3 * MOVE_AFTER
+    producers, per = workers * (MOVE_CROWD + 2), 3 * MOVE_AFTER
     conns = [Conn(nsqd.address) for _ in range(producers)]
     for i, c in enumerate(conns):
         c.publish(topic, f"{i}:first".encode())  # teaches the parser (and so the pump) the topic
@@ -132,17 +135,28 @@ def test_round_trip_producers_move_to_the_owner_and_keep_their_order(nsqd_factor
     for c in conns:
         c.close()
     assert not errors, errors
-    nsqd.wait_for_line(re.compile(r"handed .* to worker \d"), timeout=10)
+    if placement == "owner":
+        nsqd.wait_for_line(re.compile(r"handed producer .* to worker \d"), timeout=10)
     with consumer(nsqd.address, topic, "ch", rdy=2500) as c:
-        msgs = c.read_messages(producers * (per + 1))
         seen = {}
-        for m in msgs:
+        for _ in range(producers * (per + 1)):  # more than RDY 2500 with 4 workers: FIN each
+            m = c.read_message()
+            c.send(C.fin(m.id))
             i, k = m.body.decode().split(":")
             seen.setdefault(int(i), []).append(k)
         assert sorted(seen) == list(range(producers))
         for i, ks in seen.items():
             assert ks == ["first"] + [str(k) for k in range(per)], f"producer {i} out of order"
         c.expect_no_frame(within=0.3)
+    if placement == "spread":  # every OK came before the consumer's reads: a move would have been logged
+        assert "handed producer" not in nsqd.output()
+
+
+def test_placement_policy_follows_the_cpus_nsqd_can_use():
+    assert moves_producers("owner", 64, cpus=64) and not moves_producers("spread", 2, cpus=2)
+    assert moves_producers("auto", 2, cpus=2) and moves_producers("auto", 16, cpus=2)
+    assert moves_producers("auto", 2, cpus=64)  # two workers: at most two CPUs' worth of socket calls
+    assert not moves_producers("auto", 4, cpus=4) and not moves_producers("auto", 64, cpus=16)
 
 
 def test_per_fd_state_grows_with_the_fd_numbers_and_keeps_what_it_held():
