@@ -21,11 +21,12 @@ numba, with libc called directly (``ipc.sysio``):
 * Topic names enter the table only after the Python path validated them (a first PUB of a topic always goes
   through the parser), so the compiled check is a lookup, never a reimplementation of NSQ's name rules. The
   table holds MAX_TOPICS names; past that, further topics simply keep using the parser.
-* Producers move to their topics' owner. A lone PUB for a topic owned by another worker crosses a ring, and
-  the owner pays per ring record; a producer whose last MOVE_AFTER lone PUBs all went to one other worker is
-  handed there (``Worker.move_producer``, the SUB hand-over), but only once MOVE_CROWD producers here qualify
-  for the same worker: one or two round-trip producers per worker are latency-bound, and spreading them keeps
-  both cores awake (measurements in ARCHITECTURE.md).
+* Producers move to their topics' owner where CPUs are few (``moves_producers``, --producer-placement). A
+  one-message PUB/MPUB for a topic owned by another worker crosses a ring, and both workers pay for it (the
+  record, the owner's wake-up); a producer whose last MOVE_AFTER one-message commands all went to one other
+  worker is handed there (``Worker.move_producer``, the SUB hand-over). Where nsqd may use 4 CPUs or more,
+  producers stay spread, so that every worker shares the socket calls of a hot topic (cost model in
+  ARCHITECTURE.md).
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
 leaves, so an OK staged for a connection that closed, maybe with its fd reused, is never sent), ``clean``,
@@ -39,12 +40,12 @@ before closing or handing one away.
 """
 import os
 import select
-import time
 
 import numpy as np
 from numba import njit
 
 from ipc import sysio as S
+from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.names import MAX_NAME_LENGTH
 from workers.records import pack_bodies  # noqa: F401 (warm-up imports it from here)
@@ -52,16 +53,19 @@ from workers.records import pack_bodies  # noqa: F401 (warm-up imports it from h
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
 MAX_EVENTS = 1024
-MOVE_AFTER = 64             # lone PUBs in a row to another worker's topics: the producer may move there...
-MOVE_CROWD = 4              # ...once this many producers here may move to the same worker (see ARCHITECTURE.md)
-FOLLOW_S = 1.0              # after a crowd moved, seconds during which single producers follow it
+MAX_STAGED = 8192           # messages one read call may stage (an MPUB that would overflow goes to the parser)
+MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
 SPREAD_MIN_CPUS = 4         # --producer-placement=auto: spread producers when nsqd can use this many CPUs
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
+ST_FD, ST_GEN, ST_TOPIC, ST_OFF, ST_LEN, ST_N, ST_LAST = range(7)   # rows of the staged messages
+OUT_FD, OUT_KIND, OUT_OFF, OUT_LEN = range(4)                       # rows of the reads for Python
 FAILED, PARKED = 1, 2       # a staged topic's outcome in ``failed``: refused (topic full), or waiting for room
 OK_SIZE = len(OK_FRAME)
+PUB_VERB, MPUB_VERB = (PubFailed, "PUB"), (MpubFailed, "MPUB")  # a staged command's error class and verb
 _PUB = np.frombuffer(b"PUB ", np.uint8).copy()
+_MPUB = np.frombuffer(b"MPUB ", np.uint8).copy()
 
 
 @njit(cache=True)
@@ -125,8 +129,53 @@ def lone_pub_line(buf, at, got, max_msg):
 
 
 @njit(cache=True)
-def _read(epfd, events, buf, max_msg, clean, last_read, gen, names, name_lens, table,
-          st_fd, st_gen, st_topic, st_off, st_len, out_fd, out_kind, out_off, out_len, counts):
+def lone_mpub_line(buf, at, got, max_msg, max_body):
+    """(offset of the "\\n", message count) when buf[at:at+got] is exactly one `MPUB <name>\\n<body size><count>`
+    followed by count `<size><body>` that fill the body exactly, with 0 < body size <= max_body, count > 0 and
+    0 < each size <= max_msg (the name is not checked here), else (-1, 0). Anything else (nsqd's errors included)
+    is the parser's."""
+    if got < 18:
+        return -1, 0
+    for i in range(5):
+        if buf[at + i] != _MPUB[i]:
+            return -1, 0
+    nl = -1
+    for i in range(6, min(got, 5 + MAX_NAME_LENGTH + 1)):
+        if buf[at + i] == 10:
+            nl = i
+            break
+    if nl < 0 or nl + 9 > got:
+        return -1, 0
+    body = S.be32(buf, at + nl + 1)
+    n = S.be32(buf, at + nl + 5)
+    if body <= 4 or body > max_body or nl + 5 + body != got or n <= 0:
+        return -1, 0
+    p = nl + 9
+    for _ in range(n):
+        if p + 4 > got:
+            return -1, 0
+        size = S.be32(buf, at + p)
+        if size <= 0 or size > max_msg:
+            return -1, 0
+        p += 4 + size
+    if p != got:
+        return -1, 0
+    return nl, n
+
+
+@njit(cache=True)
+def _stage(st, k, fd, fd_gen, t, off, length, n, last):
+    st[ST_FD, k] = fd
+    st[ST_GEN, k] = fd_gen
+    st[ST_TOPIC, k] = t
+    st[ST_OFF, k] = off
+    st[ST_LEN, k] = length
+    st[ST_N, k] = n
+    st[ST_LAST, k] = last
+
+
+@njit(cache=True)
+def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts):
     counts[0] = 0
     counts[1] = 0
     counts[2] = 0
@@ -145,30 +194,41 @@ def _read(epfd, events, buf, max_msg, clean, last_read, gen, names, name_lens, t
         if got == -1:
             continue  # nothing there after all
         if got <= 0:
-            out_fd[other] = fd
-            out_kind[other] = CLOSED
+            out[OUT_FD, other] = fd
+            out[OUT_KIND, other] = CLOSED
             other += 1
             continue
         last_read[fd] = now
-        if clean[fd]:
+        if clean[fd] and staged < MAX_STAGED:
             nl = lone_pub_line(buf, cur, got, max_msg)
             if nl > 0:
                 t = find_topic(buf, cur + 4, nl - 4, names, name_lens, table)
                 if t >= 0:
-                    if staged and t != st_topic[0]:
+                    if staged and t != st[ST_TOPIC, 0]:
                         counts[2] = 1  # more than one topic: commit groups them
-                    st_fd[staged] = fd
-                    st_gen[staged] = gen[fd]
-                    st_topic[staged] = t
-                    st_off[staged] = cur + nl + 5
-                    st_len[staged] = got - nl - 5
+                    _stage(st, staged, fd, gen[fd], t, cur + nl + 5, got - nl - 5, 1, 1)
                     staged += 1
                     cur += got
                     continue
-        out_fd[other] = fd
-        out_kind[other] = DATA
-        out_off[other] = cur
-        out_len[other] = got
+            else:
+                nl, n = lone_mpub_line(buf, cur, got, max_msg, max_body)
+                if nl > 0 and staged + n <= MAX_STAGED:
+                    t = find_topic(buf, cur + 5, nl - 5, names, name_lens, table)
+                    if t >= 0:
+                        if staged and t != st[ST_TOPIC, 0]:
+                            counts[2] = 1
+                        p = cur + nl + 9
+                        for k in range(n):
+                            size = S.be32(buf, p)
+                            _stage(st, staged, fd, gen[fd], t, p + 4, size, n, 1 if k == n - 1 else 0)
+                            staged += 1
+                            p += 4 + size
+                        cur += got
+                        continue
+        out[OUT_FD, other] = fd
+        out[OUT_KIND, other] = DATA
+        out[OUT_OFF, other] = cur
+        out[OUT_LEN, other] = got
         other += 1
         cur += got
     counts[0] = staged
@@ -176,25 +236,30 @@ def _read(epfd, events, buf, max_msg, clean, last_read, gen, names, name_lens, t
 
 
 @njit(cache=True)
-def _settle_and_send(st_fd, st_gen, st_topic, failed, n, gen, busy, tally, tally_topic, frame, sent, sw,
-                     me, topic_owner, streak, streak_owner, movers):
-    """After the staged PUBs were published: count each in its session's tally and send its OK, unless its
-    connection is gone (gen changed: sent -2), its topic failed (failed[topic] FAILED: sent -3) or waits for room
-    in the ring to its owner (PARKED: sent -4, the OK comes once it is committed), or output is queued
-    (busy) or the socket took less than the frame (sent -1 / bytes sent: Python queues the rest).
-    A session that switched topics has its old tally reported in sw (fd, topic, count) for Python to fold.
-    A session whose last MOVE_AFTER lone PUBs all went to topics of one other worker is listed in movers.
-    Returns (tallies reported, OKs needing Python, movers)."""
+def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, sw, me, topic_owner, streak,
+                     streak_owner, movers):
+    """After the staged messages were published: count each in its session's tally and, at the last message of
+    each command (ST_LAST), send its OK, unless its connection is gone (gen changed: sent -2), its topic failed
+    (failed[topic] FAILED: sent -3) or waits for room in the ring to its owner (PARKED: sent -4, the OK comes
+    once it is committed), or output is queued (busy) or the socket took less than the frame (sent -1 / bytes
+    sent: Python queues the rest). Messages that are not the last of their command need nothing (sent = the
+    frame's size). A session that switched topics has its old tally reported in sw (fd, topic, count) for
+    Python to fold. A session whose last MOVE_AFTER one-message commands all went to topics of one other worker
+    is listed in movers. Returns (tallies reported, OKs needing Python, movers)."""
     k = 0
     attention = 0
     m = 0
     for i in range(n):
-        fd = st_fd[i]
-        t = st_topic[i]
-        if gen[fd] != st_gen[i]:
-            sent[i] = -2
+        fd = st[ST_FD, i]
+        t = st[ST_TOPIC, i]
+        last = st[ST_LAST, i] == 1
+        sent[i] = frame.size
+        if gen[fd] != st[ST_GEN, i]:
+            if last:
+                sent[i] = -2
         elif failed[t]:
-            sent[i] = -3 if failed[t] == FAILED else -4
+            if last:
+                sent[i] = -3 if failed[t] == FAILED else -4
         else:
             if tally_topic[fd] != t:
                 if tally[fd] > 0:
@@ -205,17 +270,20 @@ def _settle_and_send(st_fd, st_gen, st_topic, failed, n, gen, busy, tally, tally
                 tally_topic[fd] = t
                 tally[fd] = 0
             tally[fd] += 1
-            owner = topic_owner[t]
-            if owner == me:
-                streak[fd] = 0
-            else:
-                if streak_owner[fd] != owner:
-                    streak_owner[fd] = owner
+            if not last:
+                continue
+            if st[ST_N, i] == 1:  # a round trip of one message: may move (batches are split by forwarding)
+                owner = topic_owner[t]
+                if owner == me:
                     streak[fd] = 0
-                streak[fd] += 1
-                if streak[fd] == MOVE_AFTER:
-                    movers[m] = fd
-                    m += 1
+                else:
+                    if streak_owner[fd] != owner:
+                        streak_owner[fd] = owner
+                        streak[fd] = 0
+                    streak[fd] += 1
+                    if streak[fd] % MOVE_AFTER == 0:  # again every MOVE_AFTER, if a move was put off
+                        movers[m] = fd
+                        m += 1
             if busy[fd]:
                 sent[i] = -1
             else:
@@ -237,8 +305,9 @@ def moves_producers(placement, workers, cpus=None):
 
 
 class Pump:
-    def __init__(self, max_msg_size, me=0, move=True):
+    def __init__(self, max_msg_size, me=0, move=True, max_body_size=5 << 20):
         self.max_msg = max_msg_size
+        self.max_body = max_body_size
         self.me = me
         self.move = move  # round-trip producers may move to their topics' owner (moves_producers)
         self.ep = select.epoll()
@@ -253,14 +322,13 @@ class Pump:
         self.table = np.full(TABLE_SLOTS, -1, np.int64)
         self.topics = []     # id -> name
         self.topic_ids = {}  # name -> id
-        self.st = {k: np.zeros(MAX_EVENTS, np.int64) for k in ("fd", "gen", "topic", "off", "len", "sent")}
+        self.st = np.zeros((ST_LAST + 1, MAX_STAGED), np.int64)  # the staged messages (rows ST_*)
+        self.sent = np.zeros(MAX_STAGED, np.int64)
         self.failed = np.zeros(MAX_TOPICS, np.uint8)
         self.topic_owner = np.zeros(MAX_TOPICS, np.int64)
         self.movers = np.zeros(MAX_EVENTS, np.int64)
-        self.candidates = {}  # worker -> sessions that may move there (see _move_crowds)
-        self.moved_at = {}    # worker -> when a crowd last moved there
         self.sw = np.zeros((3, MAX_EVENTS), np.int64)
-        self.out = {k: np.zeros(MAX_EVENTS, np.int64) for k in ("fd", "kind", "off", "len")}
+        self.out = np.zeros((OUT_LEN + 1, MAX_EVENTS), np.int64)  # the reads for Python (rows OUT_*)
         self.counts = np.zeros(3, np.int64)
         self.staged = 0
 
@@ -333,17 +401,15 @@ class Pump:
     # ---- reading ---------------------------------------------------------------------------------------
     def read(self):
         """One compiled pass over the ready sockets; data and closed results go to their sessions."""
-        st, out = self.st, self.out
-        _read(self.epfd, self.events, self.buf, self.max_msg, self.clean, self.last_read, self.gen, self.names,
-              self.name_lens, self.table, st["fd"], st["gen"], st["topic"], st["off"], st["len"],
-              out["fd"], out["kind"], out["off"], out["len"], self.counts)
+        out = self.out
+        _read(self.epfd, self.events, self.buf, self.max_msg, self.max_body, self.clean, self.last_read, self.gen,
+              self.names, self.name_lens, self.table, self.st, out, self.counts)
         self.staged = int(self.counts[0])
         other = int(self.counts[1])
         if not other:
             return
         buf, sessions = self.buf, self.sessions
-        for fd, kind, off, n in zip(out["fd"][:other].tolist(), out["kind"][:other].tolist(),
-                                    out["off"][:other].tolist(), out["len"][:other].tolist()):
+        for fd, kind, off, n in zip(*out[:, :other].tolist()):
             s = sessions.get(fd)
             if s is None:
                 continue
@@ -365,7 +431,7 @@ class Pump:
             return
         self.staged = 0
         st = self.st
-        fds, topics, offs, lens = st["fd"][:n], st["topic"][:n], st["off"][:n], st["len"][:n]
+        fds, topics, offs, lens = st[ST_FD, :n], st[ST_TOPIC, :n], st[ST_OFF, :n], st[ST_LEN, :n]
         failed = {}
         if not self.counts[2]:
             t = int(topics[0])
@@ -380,10 +446,10 @@ class Pump:
                     failed[t] = ok
         for t, ok in failed.items():
             self.failed[t] = FAILED if ok is False else PARKED
-        sent, sw = st["sent"][:n], self.sw
+        sent, sw = self.sent[:n], self.sw
         k, attention, m = _settle_and_send(
-            fds, st["gen"][:n], topics, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic,
-            self.ok_frame, sent, sw, self.me, self.topic_owner, self.streak, self.streak_owner, self.movers)
+            st, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic, self.ok_frame, sent, sw, self.me,
+            self.topic_owner, self.streak, self.streak_owner, self.movers)
         for fd, t, count in zip(sw[0, :k].tolist(), sw[1, :k].tolist(), sw[2, :k].tolist()):
             counts = self.sessions[fd].pub_counts
             counts[self.topics[t]] = counts.get(self.topics[t], 0) + count
@@ -392,33 +458,24 @@ class Pump:
                 s = self.sessions.get(int(fds[i]))
                 if s is None or sent[i] == -2:
                     continue  # the connection went away before its OK
+                n_msgs = int(st[ST_N, i])
                 if sent[i] == -3:
-                    s.pub_failed(self.topics[int(topics[i])])
+                    s.pub_failed(self.topics[int(topics[i])], MPUB_VERB if n_msgs > 1 else PUB_VERB)
                 elif sent[i] == -4:
-                    failed[int(topics[i])].add(s)
+                    failed[int(topics[i])].add(s, n_msgs, *(MPUB_VERB if n_msgs > 1 else PUB_VERB))
                 else:  # output was queued before it, or the socket took only part of it
                     s.write(OK_FRAME[max(int(sent[i]), 0):])
         for t in failed:
             self.failed[t] = 0
         if m and self.move:
-            self._move_crowds(self.movers[:m].tolist(), move)
+            self._move(self.movers[:m].tolist(), move)
 
-    def _move_crowds(self, fds, move):
-        """Producers whose lone PUBs all go to one other worker move there, but only in crowds: with one to three
-        round-trip producers per worker, spreading them keeps both cores awake and answers sooner than crowding
-        them onto the owner (see ARCHITECTURE.md). Stragglers follow a crowd that moved in the last FOLLOW_S."""
-        now = time.monotonic()
+    def _move(self, fds, move):
+        """Hand each producer whose last MOVE_AFTER one-message commands all went to one other worker there."""
         for fd in fds:
-            self.candidates.setdefault(int(self.streak_owner[fd]), set()).add(self.sessions.get(fd))
-        for owner, group in self.candidates.items():
-            still = {s for s in group if s is not None and self.sessions.get(s.fd) is s
-                     and self.streak_owner[s.fd] == owner and self.streak[s.fd] >= MOVE_AFTER}
-            self.candidates[owner] = still
-            if len(still) >= MOVE_CROWD or still and now - self.moved_at.get(owner, -FOLLOW_S) < FOLLOW_S:
-                self.candidates[owner] = set()
-                self.moved_at[owner] = now
-                for s in still:
-                    move(s, owner)
+            s = self.sessions.get(fd)
+            if s is not None:
+                move(s, int(self.streak_owner[fd]))
 
     def close(self):
         self.ep.close()

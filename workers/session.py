@@ -329,8 +329,10 @@ class Session(SessionAuth):
             return AUTH_PENDING
         self.worker.publish(self, cmd.topic, [cmd.body], cmd.defer_ms, "DPUB")
 
-    def pub_failed(self, topic):
-        self._fail(PubFailed(f"PUB failed topic {topic} is full"))
+    def pub_failed(self, topic, verb=(PubFailed, "PUB")):
+        """A publish the pump staged was refused: ``verb`` is its (error class, command name)."""
+        error, name = verb
+        self._fail(error(f"{name} failed topic {topic} is full"))
 
     # ---- back-pressure: a parked publish (see the module docstring) ----------------------------------------
     def hold(self):

@@ -87,7 +87,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.index = index
         self.log = log
         self.data_path = plan.data_path
-        self.loop = Loop(log)
+        self.loop = Loop(log, busy_poll=self.opts.busy_poll / 1e9)
         lim = self.opts.limits()
         self.limits = Limits(lim.max_msg_size, lim.max_body_size, lim.max_rdy_count, lim.max_req_timeout_ms)
         self.server_settings = server_settings(self.opts)
@@ -107,7 +107,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
         self._storage_logged = {}
         self.pump = Pump(self.limits.max_msg_size, index,
-                         moves_producers(self.opts.producer_placement, plan.workers))
+                         moves_producers(self.opts.producer_placement, plan.workers), self.limits.max_body_size)
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0

@@ -67,3 +67,16 @@ def test_compare_starts_nsqpy_itself(tmp_path):
     assert {r["scenario"] for r in result["runs"]} == {"writer", "reader", "pub", "latency"}
     assert all(r["result"]["errors"] == 0 for r in result["runs"])
     assert all(v["nsqpy"] > 0 for v in result["medians"].values())
+
+
+def test_pub_compare_runs_a_fresh_nsqpy_per_run_and_reports_its_cpu():
+    code, result = run_tool("benchmarks.pub_compare", "--connections", "2", "--rounds", "1", "--runfor", "1s",
+                            "--server", "nsqpy={python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= "
+                            "--data-path={data_path} --workers=2", "--server", "spread={python} -m workers.nsqd "
+                            "--tcp-address=127.0.0.1:0 --http-address= --data-path={data_path} --workers=2 "
+                            "--producer-placement=spread", timeout=300)
+    assert code == 0 and result["errors"] == 0
+    assert set(result["medians"]["2"]) == {"nsqpy", "spread"} and result["medians"]["2"]["nsqpy"] > 0
+    assert result["ratios"]["2"]["spread"] > 0
+    assert all(run["server_cpu_us_per_msg"] > 0 for run in result["runs"])
+    assert result["commit"] and result["cores"] >= 1

@@ -1,0 +1,190 @@
+"""One PUB per round trip, NSQ's way: servers side by side, a fresh server for every run, ratios in one JSON line.
+
+    python -m benchmarks.pub_compare [--server NAME=COMMAND ...] [--cwd NAME=DIR ...]
+        [--connections 2,32,64] [--rounds 3] [--runfor 5s] [--go-bench-writer PATH] [--out FILE]
+
+Every run starts its server from COMMAND (``{python}``, ``{data_path}``: a fresh directory; the server must listen
+on port 0 or a fixed port and log NSQ's ``TCP: listening on HOST:PORT`` line), runs the load against it for
+--runfor and stops it, so no run inherits another's topic, backlog or warm caches. The default server is nsqpy
+(``{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}``); add Go nsqd
+(``--server 'go=/path/nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 --data-path={data_path}'``) or
+an older nsqpy from a git worktree (``--server before=... --cwd before=/path/to/worktree``).
+
+The load is NSQ's own: with --go-bench-writer, Go's ``bench_writer --batch-size=1 --size=200`` with GOMAXPROCS set
+to the connection count (it opens one blocking connection per GOMAXPROCS); without, this repository's
+``bench_writer --batch-size=1 --driver=epoll`` (compiled, one process per connection up to the cores). Rounds
+interleave servers for each connection count, so a drift in the machine's load hits all alike.
+
+Result: ``runs`` (every run), ``medians[connections][server]`` (msgs/s), ``ratios[connections][server]`` =
+first server / that server, ``server_cpu_us_per_msg[connections][server]`` (median CPU time of the server's
+process tree per message, from /proc: the cost the placement policy's model uses), plus the commit, cores and
+command (benchmarks.common.environment).
+"""
+from __future__ import annotations
+
+import argparse
+import os
+import re
+import shlex
+import statistics
+import subprocess
+import sys
+import tempfile
+
+from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log
+from benchmarks.process import REPO, ListeningProcess, run_tool
+
+NSQPY = "{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}"
+GO_SUMMARY = re.compile(r"duration: ([\d.]+)s - ([\d.]+)mi?b/s - ([\d.]+)ops/s - ([\d.]+)us/op", re.I)
+
+
+def pair(text: str) -> tuple[str, str]:
+    name, sep, value = text.partition("=")
+    if not sep or not name or not value:
+        raise argparse.ArgumentTypeError(f"expected NAME=VALUE, got {text!r}")
+    return name, value
+
+
+def counts(text: str) -> list[int]:
+    try:
+        values = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        values = []
+    if not values or min(values) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated connection counts, got {text!r}")
+    return values
+
+
+def parser() -> argparse.ArgumentParser:
+    p = argparse.ArgumentParser(prog="python -m benchmarks.pub_compare", description=__doc__.split("\n")[0])
+    p.add_argument("--server", type=pair, action="append", default=[],
+                   help="NAME=COMMAND ({python}, {data_path}); default: nsqpy=" + NSQPY)
+    p.add_argument("--cwd", type=pair, action="append", default=[], help="NAME=DIR: run that server's command there")
+    p.add_argument("--connections", type=counts, default=[CORES, 32, 64])
+    p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--runfor", type=duration_s, default=5.0)
+    p.add_argument("--size", type=int, default=200)
+    p.add_argument("--go-bench-writer", default="", help="path of NSQ's Go bench_writer (the load); default: ours")
+    p.add_argument("--ready-timeout", type=duration_s, default=120.0)
+    p.add_argument("--out", default="")
+    return p
+
+
+def go_load(path: str, address: str, connections: int, opts) -> dict:
+    env = {**os.environ, "GOMAXPROCS": str(connections)}
+    argv = [path, f"--nsqd-tcp-address={address}", "--batch-size=1", f"--size={opts.size}",
+            f"--runfor={opts.runfor}s", "--topic=pub_compare"]
+    done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=opts.runfor + 120)
+    match = GO_SUMMARY.search(done.stdout + done.stderr)
+    if done.returncode != 0 or match is None:
+        raise BenchError(f"{' '.join(argv)}: exit {done.returncode}\n{(done.stdout + done.stderr)[-2000:]}")
+    return {"tool": "go bench_writer", "connections": connections, "duration_s": float(match.group(1)),
+            "ops_per_s": float(match.group(3)), "us_per_op": float(match.group(4)), "errors": 0}
+
+
+def own_load(address: str, connections: int, opts) -> dict:
+    code, result = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", address, "--batch-size", "1",
+                            "--size", str(opts.size), "--runfor", f"{opts.runfor}s", "--topic", "pub_compare",
+                            "--connections", str(connections), "--driver", "epoll",
+                            "--driver-processes", str(min(connections, CORES)), "--no-ceiling",
+                            timeout=opts.runfor + 120)
+    if code != 0 or not result:
+        raise BenchError(f"bench_writer against {address} failed with {code}: {result}")
+    return result
+
+
+def process_tree(pid: int) -> list[int]:
+    """pid and its descendants (from /proc/<pid>/task/*/children)."""
+    found, todo = [], [pid]
+    while todo:
+        p = todo.pop()
+        found.append(p)
+        try:
+            for task in os.listdir(f"/proc/{p}/task"):
+                with open(f"/proc/{p}/task/{task}/children") as f:
+                    todo.extend(int(c) for c in f.read().split())
+        except OSError:
+            continue  # gone meanwhile
+    return found
+
+
+def cpu_seconds(pids: list[int]) -> dict[int, float]:
+    """User + system CPU time of each of these processes so far."""
+    used = {}
+    for p in pids:
+        try:
+            with open(f"/proc/{p}/stat") as f:
+                fields = f.read().rsplit(")", 1)[1].split()
+            used[p] = (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+        except OSError:
+            continue
+    return used
+
+
+def one_run(name: str, command: str, cwd: str, connections: int, opts) -> dict:
+    with tempfile.TemporaryDirectory(prefix=f"pub-compare-{name}-") as data_path:
+        argv = shlex.split(command.format(python=sys.executable, data_path=data_path))
+        with ListeningProcess(argv, ready_timeout=opts.ready_timeout, cwd=cwd) as server:
+            pids = process_tree(server.proc.pid)
+            before = cpu_seconds(pids)
+            if opts.go_bench_writer:
+                result = go_load(opts.go_bench_writer, server.address_text, connections, opts)
+            else:
+                result = own_load(server.address_text, connections, opts)
+            after = cpu_seconds(pids)
+    msgs = result["ops_per_s"] * result.get("duration_s", opts.runfor)
+    per_process = sorted((after[p] - before.get(p, 0.0) for p in after), reverse=True)
+    result["server_cpu_s"] = sum(per_process)
+    result["server_cpu_us_per_msg"] = sum(per_process) * 1e6 / msgs if msgs else None
+    # the busiest processes' share (with nsqpy: the topic's owner first, then the workers that forward to it)
+    result["server_cpu_us_per_msg_by_process"] = [round(x * 1e6 / msgs, 2) for x in per_process[:8] if x] \
+        if msgs else []
+    return result
+
+
+def medians_of(runs: list[dict], names: list[str], connections: list[int], key: str) -> dict:
+    return {str(c): {n: statistics.median(r[key] or 0 for r in runs if r["server"] == n and r["connections"] == c)
+                     for n in names} for c in connections}
+
+
+def summarize(runs: list[dict], names: list[str], connections: list[int]) -> tuple[dict, dict]:
+    medians = medians_of(runs, names, connections, "ops_per_s")
+    first = names[0]
+    ratios = {c: {n: (row[first] / row[n] if row[n] else None) for n in names[1:]} for c, row in medians.items()}
+    return medians, ratios
+
+
+def main(argv=None) -> int:
+    opts = parser().parse_args(argv)
+    servers = dict(opts.server) or {"nsqpy": NSQPY}
+    cwds = dict(opts.cwd)
+    unknown = set(cwds) - set(servers)
+    if unknown:
+        raise BenchError(f"--cwd for servers not given with --server: {sorted(unknown)}")
+    runs = []
+    for round_no in range(opts.rounds):
+        for connections in opts.connections:
+            for name, command in servers.items():
+                log(f"pub_compare: round {round_no + 1}/{opts.rounds}, {connections} connections, {name}")
+                result = one_run(name, command, cwds.get(name, REPO), connections, opts)
+                log(f"pub_compare:   {result['ops_per_s']:.0f} msgs/s, server CPU "
+                    f"{result['server_cpu_us_per_msg'] or 0:.1f} us/msg")
+                runs.append({"round": round_no, "server": name, "connections": connections,
+                             "ops_per_s": result["ops_per_s"],
+                             "server_cpu_us_per_msg": result["server_cpu_us_per_msg"], "result": result})
+    medians, ratios = summarize(runs, list(servers), opts.connections)
+    for c, row in ratios.items():
+        log(f"pub_compare: {c} connections: " + ", ".join(
+            f"{list(servers)[0]}/{n} = {r:.3f}" for n, r in row.items() if r))
+    result = {"tool": "pub_compare", "servers": servers, "cwd": cwds, "rounds": opts.rounds,
+              "runfor_s": opts.runfor, "size": opts.size, "connections": opts.connections,
+              "load": "go bench_writer" if opts.go_bench_writer else "bench_writer --driver=epoll",
+              "medians": medians, "ratios": ratios, "runs": runs,
+              "server_cpu_us_per_msg": medians_of(runs, list(servers), opts.connections, "server_cpu_us_per_msg"),
+              "errors": sum(int(r["result"].get("errors", 0)) for r in runs), **environment()}
+    emit(result, opts.out)
+    return 1 if result["errors"] else 0
+
+
+if __name__ == "__main__":
+    cli(main)
