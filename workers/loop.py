@@ -33,8 +33,7 @@ class Timer:
 
 
 class Loop:
-    def __init__(self, logger=None, busy_poll=0.0):
-        self.busy_poll = busy_poll  # seconds of polling without sleep after an iteration that handled events
+    def __init__(self, logger=None):
         self._ep = select.epoll()
         self._readers = {}
         self._writers = {}
@@ -142,8 +141,6 @@ class Loop:
         readers, writers, poll, monotonic = self._readers, self._writers, self._ep.poll, time.monotonic
         want_read = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
         want_write = select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP
-        spin = self.busy_poll > 0
-        busy = False
         while self._running:
             timeout = -1
             if timers:
@@ -156,13 +153,9 @@ class Loop:
                     self._report("idle callback failed")
                     timeout = IDLE_RETRY if timeout == -1 else min(timeout, IDLE_RETRY)  # retry soon, no spin
             try:
-                if busy and timeout != 0:
-                    events = self._poll_busily(timeout)
-                else:
-                    events = poll(timeout)
+                events = poll(timeout)
             except InterruptedError:
                 continue
-            busy = spin and bool(events)
             for fd, ev in events:
                 if ev & want_read:
                     cb = readers.get(fd)
@@ -180,22 +173,6 @@ class Loop:
                             self._failed(fd)
             if timers and timers[0][0] <= monotonic():
                 self._run_timers()
-
-    def _poll_busily(self, timeout):
-        """After an iteration that handled events: poll without sleeping for up to busy_poll seconds (never past
-        timeout), then sleep in epoll as usual. A round-trip client's next command usually arrives within that
-        window, and is then read without the scheduler's wake-up (tens of microseconds on a VM); the price is the
-        CPU of the polls, paid only while events keep coming."""
-        poll, monotonic = self._ep.poll, time.monotonic
-        start = monotonic()
-        until = start + (self.busy_poll if timeout < 0 else min(self.busy_poll, timeout))
-        while True:
-            events = poll(0)
-            if events:
-                return events
-            now = monotonic()
-            if now >= until:
-                return poll(timeout if timeout < 0 else max(0.0, timeout - (now - start)))
 
     def _run_timers(self):
         timers = self._timers

@@ -87,7 +87,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.index = index
         self.log = log
         self.data_path = plan.data_path
-        self.loop = Loop(log, busy_poll=self.opts.busy_poll / 1e9)
+        self.loop = Loop(log)
         lim = self.opts.limits()
         self.limits = Limits(lim.max_msg_size, lim.max_body_size, lim.max_rdy_count, lim.max_req_timeout_ms)
         self.server_settings = server_settings(self.opts)

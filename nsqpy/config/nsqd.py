@@ -10,7 +10,7 @@ import os
 from typing import ClassVar
 
 from .common import DaemonOptions, TLSRequired, TLSVersion, default_node_id, hostname
-from .duration import HOUR, MICROSECOND, MILLISECOND, MINUTE, SECOND
+from .duration import HOUR, MILLISECOND, MINUTE, SECOND
 from .kinds import Bool, Choice, Duration, Int, Percentiles, Str, StrList, TLSRequiredKind
 from .options import option, require
 from .support import Deprecated, Differs, Refused, Unused
@@ -217,12 +217,6 @@ class NsqdOptions(DaemonOptions):
                                     "nsqpy only: gunicorn worker class of the HTTP API: asgi (the fastest, "
                                     "benchmarks/results/http_bench.json), sync or gthread (8 threads each)",
                                     nsqpy_only=True)
-    busy_poll: int = option(Duration(), 50 * MICROSECOND,
-                            "nsqpy only: after a loop iteration that handled events, a worker polls its sockets "
-                            "without sleeping for up to this long before it sleeps in epoll: a round-trip "
-                            "producer's next command is then read without a scheduler wake-up (tens of "
-                            "microseconds on a VM), for the CPU of the polls, spent only while events keep "
-                            "coming (0: never)", nsqpy_only=True)
     producer_placement: str = option(Choice({"auto": "auto", "owner": "owner", "spread": "spread"},
                                             "must be auto, owner or spread"), "auto",
                                      "nsqpy only: where a producer that sends one message per round trip (PUB, "

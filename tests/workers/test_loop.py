@@ -1,27 +1,23 @@
-"""The worker's event loop (workers/loop.py): readers, timers and idle callbacks, with and without --busy-poll.
-Busy polling must not change what runs when, only how the loop waits: an event during the polling window is
-handled, a timer inside it fires on time, and an idle loop goes back to sleeping in epoll (little CPU)."""
+"""The worker's event loop (workers/loop.py): readers, timers and idle callbacks in order, and an idle loop sleeps
+in epoll (little CPU)."""
 import os
 import resource
 import time
 
-import pytest
-
 from workers.loop import Loop
 
 
-@pytest.mark.parametrize("busy_poll", [0.0, 0.0005])
-def test_events_timers_and_idle_callbacks_run_as_without_busy_polling(busy_poll):
-    loop = Loop(busy_poll=busy_poll)
+def test_events_timers_and_idle_callbacks_run_in_order():
+    loop = Loop()
     r, w = os.pipe()
     got, idles = [], []
 
     def on_read():
         got.append(os.read(r, 100))
         if len(got) == 1:
-            os.write(w, b"second")  # arrives while the loop polls busily after handling the first
+            os.write(w, b"second")
         else:
-            loop.call_later(0.0002, lambda: got.append(b"timer"))  # inside the polling window
+            loop.call_later(0.0002, lambda: got.append(b"timer"))
             loop.call_later(0.05, loop.stop)
 
     loop.add_reader(r, on_read)
@@ -35,10 +31,10 @@ def test_events_timers_and_idle_callbacks_run_as_without_busy_polling(busy_poll)
     assert idles
 
 
-def test_an_idle_loop_sleeps_after_its_polling_window():
-    """After one event, a loop with a 1 ms window sleeps in epoll until its timer (0.3 s): it uses far less CPU
-    than that time (a spinning loop would use all of it)."""
-    loop = Loop(busy_poll=0.001)
+def test_an_idle_loop_sleeps():
+    """After one event the loop sleeps in epoll until its timer (0.3 s): it uses far less CPU than that time (a
+    spinning loop would use all of it)."""
+    loop = Loop()
     r, w = os.pipe()
     loop.add_reader(r, lambda: os.read(r, 100))
     os.write(w, b"x")
