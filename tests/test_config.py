@@ -46,7 +46,7 @@ NSQD_DEFAULTS = [
     ("max-disk-bytes-per-topic", str(16 << 30)),  # nsqpy only
     ("crash-on-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
-    ("http-workers", "2"), ("http-worker-class", "asgi"),
+    ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "auto"),
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
@@ -108,7 +108,7 @@ def test_nsqpy_only_options_are_marked_and_documented():
     extras = [spec for spec in NsqdOptions.specs() if spec.nsqpy_only]
     assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic", "crash-on-body", "ring-budget",
                                               "external-producers", "max-in-flight-per-worker", "http-workers",
-                                              "http-worker-class"]
+                                              "http-worker-class", "producer-placement"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 
 
