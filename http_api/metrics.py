@@ -43,6 +43,10 @@ def _proc(pid: int):
     return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE
 
 
+def _percentiles(d):
+    return (d.get("e2e_processing_latency") or {}).get("percentiles") or ()
+
+
 class _Collector:
     def __init__(self, stats: dict, extras: dict):
         self.stats = stats
@@ -61,13 +65,29 @@ class _Collector:
                 for c in t["channels"]:
                     fam.add_metric([t["topic_name"], c["channel_name"]], int(c[key]))
             yield fam
-        e2e = GaugeMetricFamily("nsq_channel_e2e_processing_latency_seconds", "End-to-end latency percentiles",
+        # --e2e-processing-latency-percentile: nsqd's statsd gauges e2e_processing_latency_<pct>, as a quantile label
+        e2e = GaugeMetricFamily("nsq_topic_e2e_processing_latency_seconds",
+                                "End-to-end latency percentiles of the topic's channels merged",
+                                labels=["topic", "quantile"])
+        for t in topics:
+            for item in _percentiles(t):
+                e2e.add_metric([t["topic_name"], str(float(item["quantile"]))], item["value"] / 1e9)
+        yield e2e
+        e2e = GaugeMetricFamily("nsq_channel_e2e_processing_latency_seconds",
+                                "End-to-end latency percentiles (publication to FIN)",
                                 labels=["topic", "channel", "quantile"])
         for t in topics:
             for c in t["channels"]:
-                for item in (c.get("e2e_processing_latency") or {}).get("percentiles") or ():
-                    e2e.add_metric([t["topic_name"], c["channel_name"], str(item["quantile"])],
-                                   item.get("value", 0) / 1e9)
+                for item in _percentiles(c):
+                    e2e.add_metric([t["topic_name"], c["channel_name"], str(float(item["quantile"]))],
+                                   item["value"] / 1e9)
+        yield e2e
+        e2e = GaugeMetricFamily("nsq_channel_e2e_processing_latency_count",
+                                "FINs the channel's end-to-end latency percentiles cover", labels=["topic", "channel"])
+        for t in topics:
+            for c in t["channels"]:
+                if _percentiles(c):
+                    e2e.add_metric([t["topic_name"], c["channel_name"]], c["e2e_processing_latency"]["count"])
         yield e2e
         yield from self._processes()
 

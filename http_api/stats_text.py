@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["stats_text", "go_duration", "rfc3339"]
+__all__ = ["stats_text", "go_duration", "rfc3339", "nanoseconds_to_human"]
 
 _MEMORY_KEYS = ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes", "gc_pause_usec_100",
                 "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs")
@@ -48,10 +48,18 @@ def rfc3339(unix: int) -> str:
     return time.strftime("%Y-%m-%dT%H:%M:%S", t) + zone
 
 
+def nanoseconds_to_human(v: float) -> str:
+    """nsqd's stringy.NanoSecondToHuman: one decimal and the largest unit the value exceeds (5.0ms, 1.2s, 800.0ns)."""
+    for scale, suffix in ((1e9, "s"), (1e6, "ms"), (1e3, "us")):
+        if v > scale:
+            return f"{v / scale:.1f}{suffix}"
+    return f"{v:.1f}ns"
+
+
 def _e2e(e2e) -> str:
     """quantile.Result.String(): each percentile's value, human-readable, comma-separated ("" when none)."""
     items = (e2e or {}).get("percentiles") or []
-    return ", ".join(go_duration(item.get("value", 0) / 1e9) for item in items)
+    return ", ".join(nanoseconds_to_human(item.get("value", 0)) for item in items)
 
 
 def client_line(c: dict, now: float) -> str:

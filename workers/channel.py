@@ -18,7 +18,9 @@ What a channel needs from its worker is narrow (a unit test passes a small fake,
 tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
 ``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end),
 ``write_frames(session, log, positions, attempts)``, ``timer_start``/``timer_start_each``/``timer_leave``,
-``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout``.
+``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
+``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN then records end-to-end
+latencies, ``workers/e2e.py``).
 """
 import collections
 import itertools
@@ -31,6 +33,7 @@ from nsqpy.protocol.errors import FinFailed, ReqFailed, TouchFailed
 from nsqpy.protocol.ids import hex_to_id
 from ipc.msglog_layout import FRAME_OVERHEAD
 from workers.deferred import DeferredNoSpace
+from workers.e2e import new_window
 from workers.kernels import generations, waiting_positions
 from workers.suspects import DELIVERY
 
@@ -71,6 +74,8 @@ class Channel:
         self._slots = np.empty(ROUND, np.int64)
         self._status = np.empty(65536, np.int64)
         self._freed = np.empty(65536, np.int64)
+        # end-to-end latencies of FINed messages (workers/e2e.py): None without --e2e-processing-latency-percentile
+        self.e2e = new_window(self.worker.opts)
 
     # ---- consumers -------------------------------------------------------------------------------------
     def add_consumer(self, session):
@@ -275,8 +280,12 @@ class Channel:
         slot = IF.ST_NOT_FOUND if value is None else self.worker.inflight.lookup(self.key, value, s.conn_id)
         if slot < 0:
             raise FinFailed(f"FIN {msg_id.decode('latin-1')} failed {_fail_text(slot)}")
-        self.worker.inflight.release(slot)
-        self.worker.timer_leave(np.array([slot], np.int64))
+        table = self.worker.inflight
+        table.release(slot)
+        freed = np.array([slot], np.int64)
+        if self.e2e is not None:
+            self.e2e.record(self.topic.log, table.slots, freed)
+        self.worker.timer_leave(freed)
         s.in_flight -= 1
         s.finish_count += 1
         self.wants_delivery()
@@ -287,8 +296,11 @@ class Channel:
         if n > len(self._status):
             status, freed = np.empty(n, np.int64), np.empty(n, np.int64)
         ids = batch.values
-        done = self.worker.inflight.finish_batch(self.key, ids, s.conn_id, status, freed)
+        table = self.worker.inflight
+        done = table.finish_batch(self.key, ids, s.conn_id, status, freed)
         if done:
+            if self.e2e is not None:
+                self.e2e.record(self.topic.log, table.slots, freed)  # (failures' entries are -1)
             self.worker.timer_leave(freed[status == IF.OK])
             s.in_flight -= done
             s.finish_count += done

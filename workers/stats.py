@@ -52,9 +52,11 @@ from numba import njit
 from ipc import msglog_kernels as MK
 from ipc.msglog_layout import C_CURSOR, S_BACKLOG, S_BACKLOG_SEQ, S_HEAD, S_HEAD_SEQ, table_at
 from ipc.statrows import COPY_A, R_BODY, RowWriter
-from nsqpy.broker.stats import (KIND_CHANNEL, KIND_CLIENT, KIND_PUB, KIND_TEXT, KIND_TOPIC, STATS_WAKE_SIGNAL,
-                                U_COST_NS, U_DEFERRED, U_GC_RUNS, U_INFLIGHT, U_INFLIGHT_CAP, U_RSS, U_TABLE_BLOCKED,
-                                U_WRITTEN, encode_name, encode_text, table_name)
+from nsqpy.broker.stats import (KIND_CHANNEL, KIND_CLIENT, KIND_E2E, KIND_PUB, KIND_TEXT, KIND_TOPIC,
+                                STATS_WAKE_SIGNAL, U_COST_NS, U_DEFERRED, U_GC_RUNS, U_INFLIGHT, U_INFLIGHT_CAP, U_RSS,
+                                U_TABLE_BLOCKED, U_WRITTEN, e2e_counters, encode_e2e, encode_name, encode_text,
+                                table_name)
+from workers import e2e as E2E
 
 __all__ = ["StatsPublisher", "STATS_WAKE_SIGNAL", "PERIOD", "warm_up"]
 
@@ -66,20 +68,25 @@ _PAGE = os.sysconf("SC_PAGE_SIZE")
 
 
 class _TopicRow:
-    __slots__ = ("topic", "idx", "uid", "counters", "channels", "base", "order", "slots")
+    __slots__ = ("topic", "idx", "uid", "counters", "channels", "base", "order", "slots", "e2e", "e2e_last",
+                 "e2e_key")
 
     def __init__(self, topic, idx, uid, counters):
         self.topic, self.idx, self.uid, self.counters, self.channels = topic, idx, uid, counters, {}
         self.base = 0           # messages the log had before this process counted any (a restarted worker)
         self.order = None       # the topic's channels as last published, and their log slots
         self.slots = None
+        self.e2e = None         # its E2E rows (with --e2e-processing-latency-percentile), what they show, and of
+        self.e2e_last = None    # which channel windows (and their versions) that was merged
+        self.e2e_key = None
 
 
 class _ChannelRow:
-    __slots__ = ("channel", "idx", "uid", "counters")
+    __slots__ = ("channel", "idx", "uid", "counters", "e2e", "e2e_last")
 
     def __init__(self, channel, idx, uid, counters):
         self.channel, self.idx, self.uid, self.counters = channel, idx, uid, counters
+        self.e2e = self.e2e_last = None
 
 
 class _ClientRow:
@@ -126,6 +133,10 @@ class StatsPublisher:
         self.channel_uid = {}       # Channel -> its row's uid (a consumer's row names its channel by uid)
         self._nums = np.empty(4 + 2 * 64, np.int64)
         self._cost = 0.0            # seconds the last publication that wrote rows took
+        # --e2e-processing-latency-percentile (workers/e2e.py): the quantiles, and per topic whose channels hold
+        # latencies the monotonic time at which a window rotation may change its percentiles without a FIN
+        self.e2e_quantiles = tuple(getattr(worker.opts, "e2e_processing_latency_percentile", None) or ())
+        self._e2e_due = {}
         worker.loop.call_later(PERIOD, self._tick)
 
     # ---- when ------------------------------------------------------------------------------------------
@@ -178,6 +189,11 @@ class StatsPublisher:
             names.update(w.topics)
             names.update(self.topic_rows)
             self._all = False
+        if self._e2e_due:
+            now = time.monotonic_ns()
+            for name in [n for n, due in self._e2e_due.items() if due <= now]:
+                del self._e2e_due[name]
+                names.add(name)
         active = []
         for name in names:
             try:
@@ -289,14 +305,56 @@ class StatsPublisher:
         if len(chans) != len(channels):
             for cname in [c for c, cr in chans.items() if t.channels.get(c) is not cr.channel or cr.channel.deleted]:
                 self._drop_channel(chans.pop(cname))  # deleted since (or replaced by a new channel of that name)
+        if self.e2e_quantiles:
+            self._e2e(name, tr, [chans[ch.name] for ch in channels])
+
+    # ---- end-to-end latency (only with --e2e-processing-latency-percentile) --------------------------
+    def _e2e(self, name, tr, crs):
+        """The E2E rows of a topic's channels and of the topic (their merge; none without channels, as nsqd)."""
+        now = time.monotonic_ns()
+        q = self.e2e_quantiles
+        windows = [(cr, getattr(cr.channel, "e2e", None)) for cr in crs]
+        windows = [(cr, w) for cr, w in windows if w is not None]
+        for cr in crs:
+            w = getattr(cr.channel, "e2e", None)
+            self._e2e_rows(cr, cr.uid, w.result(now) if w is not None else (0, (0,) * len(q)))
+        if not crs:
+            self._e2e_free(tr)
+            tr.e2e_key = None
+        else:
+            key = tuple((cr.uid, w.version) for cr, w in windows)
+            if key != tr.e2e_key or tr.e2e is None:
+                tr.e2e_key = key
+                self._e2e_rows(tr, tr.uid, E2E.merged_result([w for _, w in windows], q, now))
+        due = [w.next_change_ns() for _, w in windows if w.holds_data()]
+        if due:
+            self._e2e_due[name] = min(due)
+        else:
+            self._e2e_due.pop(name, None)
+
+    def _e2e_rows(self, holder, parent, result):
+        if holder.e2e is None:
+            holder.e2e = [self.rows.create(KIND_E2E, _body(parent, named, counters))[0]
+                          for named, counters in zip(encode_e2e(self.e2e_quantiles), e2e_counters(*result))]
+        elif result != holder.e2e_last:
+            for idx, counters in zip(holder.e2e, e2e_counters(*result)):
+                self.rows.update(idx, counters)
+        holder.e2e_last = result
+
+    def _e2e_free(self, holder):
+        for idx in holder.e2e or ():
+            self.rows.free(idx)
+        holder.e2e = holder.e2e_last = None
 
     def _drop_channel(self, cr):
         self.rows.free(cr.idx)
+        self._e2e_free(cr)
         self.channel_uid.pop(cr.channel, None)
 
     def _drop_topic(self, tr):
         for cr in tr.channels.values():
             self._drop_channel(cr)
+        self._e2e_free(tr)
         self.rows.free(tr.idx)
 
     # ---- clients ---------------------------------------------------------------------------------------
@@ -418,7 +476,9 @@ def _log_numbers(ctrl, slots, out):
 
 
 def warm_up():
-    """Compile (or load) this module's kernel in the supervisor before fork (workers/warmup.py)."""
+    """Compile (or load) this module's kernel in the supervisor before fork (workers/warmup.py), and the FIN
+    hook's of workers/e2e.py."""
     from ipc.msglog_layout import ctrl_nbytes
     ctrl = np.zeros(ctrl_nbytes(1, 1) // 8, np.int64)
     _log_numbers(ctrl, np.zeros(1, np.int64), np.zeros(6, np.int64))
+    E2E.warm_up()

@@ -23,6 +23,10 @@ Rows (ROW_WORDS int64 words each; "body" words are written once, "counters" are 
     TEXT     parent = client uid, part | version << 20, 216 bytes of the client's identity JSON (client_id,
              hostname, user_agent, remote address, connect time, IDENTIFY results, TLS/auth details); written
              once per IDENTIFY, replaced as a whole (new version first, then the client row, then the old parts go)
+    E2E      parent = topic or channel uid, part | n << 8,       count, n values (ns)
+             n quantiles (float64 bits, up to 8 a part)
+             only with --e2e-processing-latency-percentile: a channel's from its creation, a topic's while it has
+             channels (nsqd's topic without channels shows no percentiles); parts hold quantiles 8 x part onwards
 
 A reader joins the rows of all workers: channels to topics by uid, consumers to channels by the channel uid in
 their counters, PUB rows to their clients. Names and identities never change for a uid (uids are never reused),
@@ -46,6 +50,7 @@ from __future__ import annotations
 
 import dataclasses
 import gc
+import itertools
 import json
 import os
 import signal
@@ -60,7 +65,8 @@ from ipc.statrows import (B_PID, B_USER, BODY_WORDS, R_BODY, R_GEN, R_KIND, R_UI
 from nsqpy.protocol.identify import ServerSettings
 
 __all__ = ["StatsReader", "create_board", "board_name", "table_name", "encode_name", "encode_text", "VERSION",
-           "KIND_TOPIC", "KIND_CHANNEL", "KIND_CLIENT", "KIND_PUB", "KIND_TEXT", "REFRESH_TIMEOUT", "STATS_WAKE_SIGNAL"]
+           "KIND_TOPIC", "KIND_CHANNEL", "KIND_CLIENT", "KIND_PUB", "KIND_TEXT", "KIND_E2E", "REFRESH_TIMEOUT",
+           "STATS_WAKE_SIGNAL", "encode_e2e", "e2e_counters"]
 
 # How a reader that does not hold the Plan's eventfds wakes a sleeping worker: the worker's loop turns it into an
 # fd event (workers/loop.py); its default action is to be ignored, so a worker that has not installed its handler
@@ -69,7 +75,7 @@ STATS_WAKE_SIGNAL = signal.SIGURG
 VERSION = next(f.default for f in dataclasses.fields(ServerSettings) if f.name == "version")  # NSQ's, "1.3.0"
 REFRESH_TIMEOUT = 0.5   # seconds a fresh snapshot waits for the workers before it takes their last publication
 
-KIND_TOPIC, KIND_CHANNEL, KIND_CLIENT, KIND_PUB, KIND_TEXT = 1, 2, 3, 4, 5
+KIND_TOPIC, KIND_CHANNEL, KIND_CLIENT, KIND_PUB, KIND_TEXT, KIND_E2E = 1, 2, 3, 4, 5, 6
 # body words
 I_PARENT, I_AUX, I_NAME = 0, 1, 2
 NAME_WORDS = 8
@@ -77,6 +83,8 @@ NAME_BYTES = 8 * NAME_WORDS          # NSQ's names are at most 64 characters
 TEXT_AT = 2
 TEXT_BYTES = 8 * (BODY_WORDS - TEXT_AT)
 TEXT_VER_SHIFT = 20
+E2E_PER_ROW = 8                      # quantiles an E2E row holds (body words 2..9; counters 1..8)
+E2E_N_SHIFT = 8
 # counter columns
 T_DEPTH, T_BACKEND, T_MESSAGES, T_BYTES, T_PAUSED = range(5)
 C_DEPTH, C_BACKEND, C_IN_FLIGHT, C_DEFERRED, C_MESSAGES, C_REQUEUES, C_TIMEOUTS, C_PAUSED = range(8)
@@ -121,8 +129,22 @@ def encode_text(parent: int, version: int, data: bytes) -> list:
     return bodies
 
 
-# nsqpy keeps no end-to-end latency streams: what nsqd reports with no --e2e-processing-latency-percentile (one
-# shared object: results are read-only)
+def encode_e2e(quantiles) -> list:
+    """The named words (after the parent) of the E2E rows for these quantiles: one list per part."""
+    out = []
+    for part, k in enumerate(range(0, len(quantiles), E2E_PER_ROW)):
+        qs = np.array(quantiles[k:k + E2E_PER_ROW], np.float64)
+        out.append([part | len(qs) << E2E_N_SHIFT] + qs.view(np.int64).tolist())
+    return out
+
+
+def e2e_counters(count: int, values) -> list:
+    """The counters of the E2E rows of a (count, values) result: one tuple per part."""
+    return [(count,) + tuple(values[k:k + E2E_PER_ROW]) for k in range(0, len(values), E2E_PER_ROW)]
+
+
+# what nsqd reports with no --e2e-processing-latency-percentile, and for a topic without channels (one shared
+# object: results are read-only)
 _E2E = {"count": 0, "percentiles": None}
 
 
@@ -142,6 +164,7 @@ class StatsReader:
         self._views = [None] * self.workers                # (filters, row fingerprint, the worker's part)
         self._last = [None] * self.workers                 # what the last unfiltered build made (see _build)
         self._pubs = [None] * self.workers                 # (topic filter, PUB rows, pub_counts lists)
+        self._e2e = [{} for _ in range(self.workers)]      # parent uid -> (its E2E rows' (uid, GEN)s, its dict)
         self.fresh = [False] * self.workers               # which workers answered the last refresh
 
     @classmethod
@@ -351,6 +374,12 @@ class StatsReader:
             at = np.minimum(np.searchsorted(cu, c_uids), len(cu) - 1)
             consumers = np.where(cu[at] == c_uids, cc[at], 0)
         c_gens, t_gens = gens[csel], gens[tsel]
+        esel = np.flatnonzero(kind == KIND_E2E)
+        e2e = {}
+        if len(esel):  # (only with --e2e-processing-latency-percentile) a row's dict is made anew when its E2E
+            e2e, parents, marks = self._e2e_dicts(w, rows, esel, counts)  # rows change: folded into its GEN
+            c_gens = c_gens + _e2e_marks(c_uids, parents, marks)
+            t_gens = t_gens + _e2e_marks(t_uids, parents, marks)
 
         last = self._last[w]
         if plain and last is not None and last[0] is include_clients and np.array_equal(last[1], t_uids) \
@@ -370,16 +399,16 @@ class StatsReader:
             chans = [{"channel_name": name, "depth": depth, "backend_depth": backend, "in_flight_count": in_flight,
                       "deferred_count": deferred, "message_count": messages, "requeue_count": requeues,
                       "timeout_count": timeouts, "client_count": n, "clients": [] if n and include_clients else empty,
-                      "paused": paused != 0, "e2e_processing_latency": _E2E}
-                     for name, n, (depth, backend, in_flight, deferred, messages, requeues, timeouts, paused, _)
-                     in zip(c_names, consumers.tolist(), counts[csel].tolist())]
+                      "paused": paused != 0, "e2e_processing_latency": lat}
+                     for name, lat, n, (depth, backend, in_flight, deferred, messages, requeues, timeouts, paused, _)
+                     in zip(c_names, _e2e_of(e2e, c_uids), consumers.tolist(), counts[csel].tolist())]
             for k in np.flatnonzero(consumers).tolist():
                 channels_by_uid[int(c_uids[k])] = chans[k]
             topics = [{"topic_name": name, "channels": chans[a:b], "depth": depth, "backend_depth": backend,
                        "message_count": messages, "message_bytes": nbytes, "paused": paused != 0,
-                       "e2e_processing_latency": _E2E}
-                      for name, a, b, (depth, backend, messages, nbytes, paused, *_)
-                      in zip(t_names, edges, edges[1:], counts[tsel].tolist())]
+                       "e2e_processing_latency": lat}
+                      for name, lat, a, b, (depth, backend, messages, nbytes, paused, *_)
+                      in zip(t_names, _e2e_of(e2e, t_uids), edges, edges[1:], counts[tsel].tolist())]
             redo = t_redo = np.zeros(0, np.int64)
         elif redo is None:
             redo, t_redo = np.arange(len(csel)), np.arange(len(tsel))
@@ -393,7 +422,7 @@ class StatsReader:
                 "channel_name": name, "depth": depth, "backend_depth": backend, "in_flight_count": in_flight,
                 "deferred_count": deferred, "message_count": messages, "requeue_count": requeues,
                 "timeout_count": timeouts, "client_count": n, "clients": [] if n and include_clients else empty,
-                "paused": paused != 0, "e2e_processing_latency": _E2E}
+                "paused": paused != 0, "e2e_processing_latency": e2e.get(uid, _E2E)}
             if n:
                 channels_by_uid[uid] = d
         for k, (depth, backend, messages, nbytes, paused, *_) in zip(t_redo.tolist(), counts[tsel[t_redo]].tolist()):
@@ -402,7 +431,7 @@ class StatsReader:
                 mine = [d for d in mine if d is not None]
             topics[k] = {"topic_name": t_names[k], "channels": mine, "depth": depth, "backend_depth": backend,
                          "message_count": messages, "message_bytes": nbytes, "paused": paused != 0,
-                         "e2e_processing_latency": _E2E}
+                         "e2e_processing_latency": e2e.get(int(t_uids[k]), _E2E)}
         if plain:  # (a filtered call leaves it: the next plain one still builds on it)
             self._last[w] = (include_clients, t_uids, c_uids, t_gens, c_gens, consumers, chans, topics)
 
@@ -417,6 +446,35 @@ class StatsReader:
                     ch["clients"].append(d if d is not None else
                                          _client(idents.get(uid), c, None, w if nsqpy_fields else None))
         return (topics, producers), whole
+
+    def _e2e_dicts(self, w, rows, esel, counts):
+        """({parent uid: its e2e_processing_latency dict}, the parents' uids sorted, per parent the sum of its E2E
+        rows' GEN + 1, which grows with any change of them). A dict is kept while its rows' (uid, GEN) stay."""
+        groups = {}
+        for i, parent, aux, uid, gen in zip(esel.tolist(), rows[esel, _PARENT].tolist(), rows[esel, _AUX].tolist(),
+                                            rows[esel, R_UID].tolist(), rows[esel, R_GEN].tolist()):
+            groups.setdefault(parent, []).append((aux & ((1 << E2E_N_SHIFT) - 1), aux >> E2E_N_SHIFT, i, uid, gen))
+        last, kept, out = self._e2e[w], {}, {}
+        for parent, parts in groups.items():
+            parts.sort()
+            key = tuple((uid, gen) for *_, uid, gen in parts)
+            had = last.get(parent)
+            if had is not None and had[0] == key:
+                d = had[1]
+            else:
+                pct = []
+                for _, n, i, _, _ in parts:
+                    qs = rows[i, _NAME:_NAME + n].view(np.float64).tolist()
+                    pct += [{"quantile": int(q) if q.is_integer() else q, "value": v}  # (Go prints 1.0 as 1)
+                            for q, v in zip(qs, counts[i, 1:1 + n].tolist())]
+                d = {"count": int(counts[parts[0][2], 0]), "percentiles": pct}
+            kept[parent] = (key, d)
+            out[parent] = d
+        self._e2e[w] = kept
+        parents, inverse = np.unique(rows[esel, _PARENT], return_inverse=True)
+        marks = np.zeros(len(parents), np.int64)
+        np.add.at(marks, inverse, rows[esel, R_GEN] + 1)
+        return out, parents, marks
 
     def _producers(self, w, rows, kind, counts, topic, nsqpy_fields, ksel, k_counts):
         """(producer dicts, {client uid: its dict} for producers, {client uid: identity}, every identity whole)."""
@@ -495,6 +553,19 @@ def _signal_worker(board, w):
             os.kill(board.word(w, B_PID), STATS_WAKE_SIGNAL)
         except OSError:
             pass  # gone meanwhile, or another user's: the worker's next tick answers
+
+
+def _e2e_of(e2e, uids):
+    """The e2e_processing_latency dicts of these rows, in order (nsqd's empty one for all without the flag)."""
+    return [e2e.get(u, _E2E) for u in uids.tolist()] if e2e else itertools.repeat(_E2E)
+
+
+def _e2e_marks(uids, parents, marks):
+    """Per uid, the E2E mark of its parent entry (``_e2e_dicts``), 0 for one without E2E rows."""
+    if not len(uids):
+        return 0
+    at = np.minimum(np.searchsorted(parents, uids), len(parents) - 1)
+    return np.where(parents[at] == uids, marks[at], 0)
 
 
 def _topic_key(t):

@@ -40,7 +40,6 @@ SYNC = Differs("applies to durable topics (--mem-queue-size=0: messages and cont
                "(and in unsynced spill files) until a stop saves them")
 NO_SAMPLING = Unused("in-flight timeouts and deferred messages wait in heaps and each fires when due, "
                      "without sampling channels")
-NO_E2E = Unused("end-to-end latency percentiles are not computed")
 
 
 @dataclasses.dataclass(frozen=True)
@@ -166,10 +165,12 @@ class NsqdOptions(DaemonOptions):
     statsd_exclude_ephemeral: bool = option(Bool(), False, "leave #ephemeral topics and channels out of "
                                             "statsd")
     e2e_processing_latency_percentile: list[float] = option(
-        Percentiles(), [], "end-to-end latency percentile to track, in (0,1] (repeatable or "
-        "comma-separated, e.g. 1.0,0.99,0.95)", cfg="e2e_processing_latency_percentiles", support=NO_E2E)
+        Percentiles(), [], "message processing time (publication to FIN) percentile to report per channel and "
+        "topic in /stats and statsd, in (0,1] (repeatable or comma-separated, e.g. 1.0,0.99,0.95)",
+        cfg="e2e_processing_latency_percentiles")
     e2e_processing_latency_window_time: int = option(Duration(), 10 * MINUTE, "time window the latency "
-                                                     "percentiles cover", support=NO_E2E)
+                                                     "percentiles cover (two halves that rotate: what is shown "
+                                                     "covers the last half window to whole window)")
 
     tls_cert: str = option(Str(), "", "path to the TLS certificate file")
     tls_key: str = option(Str(), "", "path to the TLS key file")

@@ -15,8 +15,8 @@ import pytest
 
 from ipc.shm import list_segments
 from ipc.statrows import Board, RowWriter
-from nsqpy.broker.stats import (KIND_CHANNEL, KIND_CLIENT, KIND_PUB, KIND_TEXT, KIND_TOPIC, StatsReader,
-                                encode_name, encode_text)
+from nsqpy.broker.stats import (KIND_CHANNEL, KIND_CLIENT, KIND_E2E, KIND_PUB, KIND_TEXT, KIND_TOPIC, StatsReader,
+                                e2e_counters, encode_e2e, encode_name, encode_text)
 from workers.stats import _body
 
 
@@ -30,6 +30,7 @@ class Writer:
         self.clients = {}   # key -> {"idx", "uid", "counters", "ver", "text", "pubs": {topic: [idx, n]}}
         self.w = w
         self.seq = 0
+        self.e2e = {}       # topic or channel uid -> its E2E rows (--e2e-processing-latency-percentile)
 
     def _counters(self, n):
         return tuple(self.rng.randint(0, 50) for _ in range(n))
@@ -48,7 +49,9 @@ class Writer:
             t = self.topics.pop(name)
             for ch in t[3].values():
                 rows.free(ch[0])
+                self._drop_e2e(ch[1])
             rows.free(t[0])
+            self._drop_e2e(t[1])
             for cl in self.clients.values():
                 if cl["channel"] in {ch[1] for ch in t[3].values()}:
                     cl["channel"] = 0
@@ -63,11 +66,24 @@ class Writer:
             else:
                 ch = t[3].pop(name)
                 rows.free(ch[0])
+                self._drop_e2e(ch[1])
         elif op < 0.55:
             t = self.topics[rng.choice(list(self.topics))]
             target = t if not t[3] or rng.random() < 0.3 else t[3][rng.choice(list(t[3]))]
-            target[2] = self._counters(5 if target is t else 8)
-            rows.update(target[0], target[2])
+            if rng.random() < 0.3:  # its end-to-end latency rows: created, or new numbers (one or two parts)
+                n = 3 + 8 * (self.w == 1)
+                result = (rng.randint(0, 50), tuple(rng.randint(0, 10**9) for _ in range(n)))
+                idxs = self.e2e.get(target[1])
+                if idxs is None:
+                    quantiles = [round(1 - k / 20, 2) for k in range(n)]
+                    self.e2e[target[1]] = [rows.create(KIND_E2E, _body(target[1], named, c))[0]
+                                           for named, c in zip(encode_e2e(quantiles), e2e_counters(*result))]
+                else:
+                    for idx, c in zip(idxs, e2e_counters(*result)):
+                        rows.update(idx, c)
+            else:
+                target[2] = self._counters(5 if target is t else 8)
+                rows.update(target[0], target[2])
         elif op < 0.65 or not self.clients:
             self.seq += 1
             channels = [ch[1] for t in self.topics.values() for ch in t[3].values()]
@@ -102,6 +118,10 @@ class Writer:
             cl = self.clients[rng.choice(list(self.clients))]
             cl["counters"] = self._counters(6)
             self._update_client(cl)
+
+    def _drop_e2e(self, uid):
+        for idx in self.e2e.pop(uid, ()):
+            self.rows.free(idx)
 
     def _identify(self, cl):
         ident = {"client_id": f"c{self.w}-{cl['uid'] & 0xFFFF}-v{cl['ver']}",
@@ -153,6 +173,8 @@ def test_a_long_lived_reader_shows_what_a_new_one_shows(plane, seed):
                 fresh.close()
         shown = reader.stats(fresh=False, include_mem=False)
         assert shown["topics"] and shown["producers"]  # the model did make something to compare
+        assert any(t["e2e_processing_latency"]["percentiles"] for t in shown["topics"]) and \
+            any(c["e2e_processing_latency"]["percentiles"] for t in shown["topics"] for c in t["channels"])
     finally:
         reader.close()
         for wr in writers:
