@@ -46,7 +46,7 @@ NSQD_DEFAULTS = [
     ("max-disk-bytes-per-topic", str(16 << 30)),  # nsqpy only
     ("crash-on-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
-    ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "auto"),
+    ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "spread"),
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),

@@ -21,12 +21,11 @@ numba, with libc called directly (``ipc.sysio``):
 * Topic names enter the table only after the Python path validated them (a first PUB of a topic always goes
   through the parser), so the compiled check is a lookup, never a reimplementation of NSQ's name rules. The
   table holds MAX_TOPICS names; past that, further topics simply keep using the parser.
-* Producers move to their topics' owner where CPUs are few (``moves_producers``, --producer-placement). A
-  one-message PUB/MPUB for a topic owned by another worker crosses a ring, and both workers pay for it (the
-  record, the owner's wake-up); a producer whose last MOVE_AFTER one-message commands all went to one other
-  worker is handed there (``Worker.move_producer``, the SUB hand-over). Where nsqd may use 4 CPUs or more,
-  producers stay spread, so that every worker shares the socket calls of a hot topic (cost model in
-  ARCHITECTURE.md).
+* With --producer-placement=owner, producers move to their topics' owner: a one-message PUB/MPUB for a topic
+  owned by another worker crosses a ring (the owner appends runs of such records with one call), and a producer
+  whose last MOVE_AFTER one-message commands all went to one other worker is handed there
+  (``Worker.move_producer``, the SUB hand-over). The default (spread) keeps them where the acceptor put them, so
+  every worker shares the socket calls of a hot topic (cost model in ARCHITECTURE.md).
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
 leaves, so an OK staged for a connection that closed, maybe with its fd reused, is never sent), ``clean``,
@@ -38,7 +37,6 @@ and the move streak.
 Resource handling: the epoll fd is the pump's; sockets stay owned by their sessions, which call ``remove``
 before closing or handing one away.
 """
-import os
 import select
 
 import numpy as np
@@ -55,7 +53,6 @@ BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets whe
 MAX_EVENTS = 1024
 MAX_STAGED = 8192           # messages one read call may stage (an MPUB that would overflow goes to the parser)
 MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
-SPREAD_MIN_CPUS = 4         # --producer-placement=auto: spread producers when nsqd can use this many CPUs
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
@@ -293,23 +290,12 @@ def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, 
     return k, attention, m
 
 
-def moves_producers(placement, workers, cpus=None):
-    """--producer-placement: do round-trip producers move to their topics' owner? (ARCHITECTURE.md: with few
-    CPUs the forwarding's extra CPU costs more than one worker doing all socket calls; with more, spreading the
-    socket calls over every worker wins.)"""
-    if placement != "auto":
-        return placement == "owner"
-    if cpus is None:
-        cpus = len(os.sched_getaffinity(0))
-    return min(workers, cpus) < SPREAD_MIN_CPUS
-
-
 class Pump:
     def __init__(self, max_msg_size, me=0, move=True, max_body_size=5 << 20):
         self.max_msg = max_msg_size
         self.max_body = max_body_size
         self.me = me
-        self.move = move  # round-trip producers may move to their topics' owner (moves_producers)
+        self.move = move  # round-trip producers move to their topics' owner (--producer-placement=owner)
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
         self.buf = np.empty(BUFFER_SIZE, np.uint8)

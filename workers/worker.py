@@ -44,7 +44,7 @@ from workers.forwarding import Forwarding
 from workers.handover import Connections
 from workers.loop import Loop
 from workers.persistence import Persistence
-from workers.pump import Pump, moves_producers
+from workers.pump import Pump
 from workers.reclaim import Reclaim
 from workers.registry import Registry
 from workers.recovery import Recovery
@@ -106,8 +106,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.touched = set()           # topics whose low-water marks may have moved since the last reclaim pass
         self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
         self._storage_logged = {}
-        self.pump = Pump(self.limits.max_msg_size, index,
-                         moves_producers(self.opts.producer_placement, plan.workers), self.limits.max_body_size)
+        self.pump = Pump(self.limits.max_msg_size, index, self.opts.producer_placement == "owner",
+                         self.limits.max_body_size)
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0

@@ -218,17 +218,16 @@ class NsqdOptions(DaemonOptions):
                                     "nsqpy only: gunicorn worker class of the HTTP API: asgi (the fastest, "
                                     "benchmarks/results/http_bench.json), sync or gthread (8 threads each)",
                                     nsqpy_only=True)
-    producer_placement: str = option(Choice({"auto": "auto", "owner": "owner", "spread": "spread"},
-                                            "must be auto, owner or spread"), "auto",
+    producer_placement: str = option(Choice({"spread": "spread", "owner": "owner"}, "must be spread or owner"),
+                                     "spread",
                                      "nsqpy only: where a producer that sends one message per round trip (PUB, "
-                                     "or MPUB of one) is served. owner: once its last 64 went to topics of one "
-                                     "other worker, it moves there (least CPU per message: nothing crosses a "
-                                     "ring, but that worker alone does their socket calls); spread: they stay "
-                                     "where the acceptor put them and forward to the owner, which appends in "
-                                     "batches (the socket calls of one hot topic use every worker); auto: owner "
-                                     "when nsqd can use fewer than 4 CPUs (min of --workers and the CPUs it may "
-                                     "run on), else spread (the cost model in ARCHITECTURE.md)",
-                                     nsqpy_only=True)
+                                     "or MPUB of one) is served. spread: where the acceptor put it; a publish to "
+                                     "a topic of another worker is forwarded through a ring and the owner "
+                                     "appends runs of them with one call, so the socket calls of a hot topic use "
+                                     "every worker. owner: once its last 64 went to topics of one other worker, "
+                                     "it moves there (least CPU per message, but that worker alone does the "
+                                     "socket calls of all its producers). Measurements and the cost model: "
+                                     "ARCHITECTURE.md", nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.

@@ -15,8 +15,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
-from workers.pump import MOVE_AFTER, Pump, find_topic, lone_mpub_line, lone_pub_line, \
-    moves_producers
+from workers.pump import MOVE_AFTER, Pump, find_topic, lone_mpub_line, lone_pub_line
 from wire import Conn, consumer, unique
 
 LIMITS = Limits(max_msg_size=64)
@@ -211,13 +210,6 @@ def test_round_trip_producers_keep_their_order_moved_or_spread(nsqd_factory, pla
         c.expect_no_frame(within=0.3)
     if placement == "spread":  # every OK came before the consumer's reads: a move would have been logged
         assert "handed producer" not in nsqd.output()
-
-
-def test_placement_policy_follows_the_cpus_nsqd_can_use():
-    assert moves_producers("owner", 64, cpus=64) and not moves_producers("spread", 2, cpus=2)
-    assert moves_producers("auto", 2, cpus=2) and moves_producers("auto", 16, cpus=2)
-    assert moves_producers("auto", 2, cpus=64)  # two workers: at most two CPUs' worth of socket calls
-    assert not moves_producers("auto", 4, cpus=4) and not moves_producers("auto", 64, cpus=16)
 
 
 def test_per_fd_state_grows_with_the_fd_numbers_and_keeps_what_it_held():
