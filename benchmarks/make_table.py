@@ -51,13 +51,14 @@ def throughput_rows(runs) -> list[str]:
 
 
 def latency_rows(runs) -> list[str]:
-    rows = ["| run | rate msgs/s | achieved | p50 µs | p99 µs | p99.9 µs | max µs | lost | when |",
-            "|---|---|---|---|---|---|---|---|---|"]
+    rows = ["| run | consumer | rate msgs/s | achieved | p50 µs | p99 µs | p99.9 µs | max µs | lost | when |",
+            "|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs:
         if r.get("tool") != "latency":
             continue
         for p in r["phases"]:
-            rows.append(f"| {name} | {_num(p['rate'])} | {_num(p['achieved_rate'])} | {_num(p.get('p50_us'))} "
+            rows.append(f"| {name} | {p.get('mode', 'defaults')} | {_num(p['rate'])} | {_num(p['achieved_rate'])} "
+                        f"| {_num(p.get('p50_us'))} "
                         f"| {_num(p.get('p99_us'))} | {_num(p.get('p999_us'))} | {_num(p.get('max_us'))} "
                         f"| {p['lost']} | {r.get('when', '')} |")
     return rows
@@ -76,10 +77,26 @@ def ratio_rows(runs) -> list[str]:
     return rows
 
 
+def pub_compare_rows(runs) -> list[str]:
+    rows = ["| run | conns | server | msgs/s | server CPU µs/msg | first server / this | commit |",
+            "|---|---|---|---|---|---|---|"]
+    for name, r in runs:
+        if r.get("tool") != "pub_compare":
+            continue
+        first = next(iter(r["servers"]))
+        for conns, row in r["medians"].items():
+            for server, value in row.items():
+                ratio = "" if server == first else _num(r["ratios"][conns].get(server), 3)
+                rows.append(f"| {name} | {conns} | {server} | {_num(value)} "
+                            f"| {_num(r['server_cpu_us_per_msg'][conns][server], 1)} | {ratio} | {r['commit']} |")
+    return rows
+
+
 def render(runs) -> str:
     parts = []
     for title, rows in (("Throughput", throughput_rows(runs)), ("Latency", latency_rows(runs)),
-                        ("nsqpy compared", ratio_rows(runs))):
+                        ("nsqpy compared", ratio_rows(runs)),
+                        ("One message per round trip, NSQ's bench_writer (pub_compare)", pub_compare_rows(runs))):
         if len(rows) > 2:
             parts.append(f"**{title}**\n\n" + "\n".join(rows))
     return "\n\n".join(parts) or "_no results yet_"
