@@ -40,7 +40,8 @@ def test_a_security_flag_is_refused_before_anything_is_created(tmp_path, flags, 
 
 def test_an_unused_flag_is_one_warning_and_the_broker_serves(nsqd_factory):
     nsqd = nsqd_factory("--topology-zone=eu-1a")
-    warnings = [line for line in nsqd.lines if "WARNING:" in line]
+    # flag warnings only: a host with a dead instance's shared memory left over gets a warning about that too
+    warnings = [line for line in nsqd.lines if "WARNING: flag " in line]
     assert len(warnings) == 1 and warnings[0].endswith(
         "WARNING: flag --topology-zone is accepted for compatibility but not used yet: topology-aware consumption "
         "is not implemented"), warnings
