@@ -228,9 +228,12 @@ class _Load:
     """Producers (MPUB and PUB, each body recorded once its OK came) and a FINning consumer on one topic, until
     the broker dies under them."""
 
-    def __init__(self, address, topic, round_no, acked, received):
+    def __init__(self, address, topic, round_no, acked, received, limit=None):
+        """``limit``: the producers stop once that many messages were acknowledged (what a test reads back later
+        stays bounded however fast the broker takes them)."""
         import threading
         self.acked, self.received = acked, received
+        self.limit = 10**12 if limit is None else limit
         self.cond = threading.Condition()
         self.threads = [threading.Thread(target=f, args=(address, topic, round_no), daemon=True)
                         for f in (self._mpub, self._pub, self._consume)]
@@ -246,6 +249,8 @@ class _Load:
         try:
             with Conn(address) as p:
                 for k in range(10**9):
+                    if len(self.acked) >= self.limit:
+                        return
                     batch = [b"r%d-m%d-%d" % (r, k, i) for i in range(20)]
                     p.send(C.mpub(topic, batch))
                     p.expect_response(b"OK")
@@ -257,6 +262,8 @@ class _Load:
         try:
             with Conn(address) as p:
                 for k in range(10**9):
+                    if len(self.acked) >= self.limit:
+                        return
                     body = b"r%d-p%d" % (r, k)
                     p.send(C.pub(topic, body))
                     p.expect_response(b"OK")
@@ -399,7 +406,9 @@ def test_sigterm_under_load_restores_messages_paused_flags_and_empty_channels(ns
     _http(n1, "POST", f"/channel/create?topic={topic}&channel=held")
     _http(n1, "POST", f"/channel/pause?topic={topic}&channel=held")
     _http(n1, "POST", f"/channel/create?topic={topic}&channel=ch")   # before the first publish: it gets them all
-    load = _Load(n1.address, topic, 0, acked, received)   # MPUB + PUB producers and a FINning consumer on "ch"
+    # MPUB + PUB producers and a FINning consumer on "ch"; at most ~50k messages, which the test reads back one by
+    # one after the restart (unbounded, a fast broker and a slow stop made that take minutes)
+    load = _Load(n1.address, topic, 0, acked, received, limit=50_000)
     r = consumer(n1.address, topic, "ch", rdy=20)        # a second consumer that REQs, half of them for an hour
     load.wait_acked(2000)
     held = [r.read_message() for _ in range(20)]
