@@ -42,7 +42,6 @@ from __future__ import annotations
 import argparse
 import multiprocessing
 import os
-import socket
 import time
 
 import numpy as np
@@ -52,7 +51,7 @@ from nsqpy.protocol import client
 from benchmarks import source_server
 from benchmarks.common import (
     BenchError, base_parser, cli, emit, environment, log, wait_for_deadline)
-from benchmarks.wire import USER_AGENT, Connection, MessageStream, fin_lines, warm_up
+from benchmarks.wire import Connection, MessageStream, fin_lines, warm_up
 
 HEADER = 14                 # stamp 8 + run id 4 + phase 2
 MAX_BATCH = 2000            # messages per MPUB at most, whatever fell due
@@ -71,14 +70,7 @@ class ConsumerConnection(Connection):
     the reply is OK; nsqd applies the fields all the same, and rejects invalid ones with E_BAD_BODY)."""
 
     def __init__(self, address: tuple[str, int], identify_extra: dict, timeout: float = 10.0):
-        self.sock = socket.create_connection(address, timeout=timeout)
-        self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
-        self.decoder = client.FrameDecoder()
-        self.pending: list[tuple[int, bytes]] = []
-        self.send(client.magic() + client.identify({
-            "client_id": "bench", "hostname": socket.gethostname(), "user_agent": USER_AGENT,
-            "feature_negotiation": False, **identify_extra}))
-        self.expect_ok("IDENTIFY")
+        super().__init__(address, timeout, identify_extra)
 
 
 def bodies(scheduled_ns: np.ndarray, run_id: int, phase: int, size: int) -> list[bytes]:

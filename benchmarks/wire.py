@@ -25,14 +25,14 @@ _ID_SPAN = np.arange(16, dtype=np.int64)
 class Connection:
     """One TCP connection that has sent the magic and IDENTIFY (without feature negotiation: the reply is OK)."""
 
-    def __init__(self, address: tuple[str, int], timeout: float = 10.0):
+    def __init__(self, address: tuple[str, int], timeout: float = 10.0, identify_extra: dict | None = None):
         self.sock = socket.create_connection(address, timeout=timeout)
         self.sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
         self.decoder = client.FrameDecoder()
         self.pending: list[tuple[int, bytes]] = []
         self.send(client.magic() + client.identify({
             "client_id": "bench", "hostname": socket.gethostname(), "user_agent": USER_AGENT,
-            "feature_negotiation": False}))
+            "feature_negotiation": False, **(identify_extra or {})}))
         self.expect_ok("IDENTIFY")
 
     def send(self, data: bytes) -> None:
