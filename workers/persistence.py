@@ -13,8 +13,8 @@ Theory of operation
 * **Load** (``load_queues``, before the worker reports ready): topics and channels of ``nsqd.dat`` that hash to
   this worker are created and paused as recorded; then each queue of an owned topic is appended: a topic queue
   publicly (every channel gets it, or the backlog keeps it for the first channel), a channel queue as records
-  private to that channel (``MessageLog.append_private``), keeping ids, timestamps and attempts; a deferred
-  message gets its due time as not_before, so the channel defers it again when its cursor reaches it. A queue
+  private to that channel (``MessageLog.append_private``), keeping ids, timestamps and attempts; a message still
+  deferred is parked there and goes into the deferred store with its due time (counted as deferred at once). A queue
   is removed once all of it is in the log. When the topic cannot take more (its budgets), the rest stays on
   disk: the meta file's read position moves past what was loaded, and the next start carries on from there.
 * Which worker loads a queue does not depend on the worker count the queue was saved with: ownership is the
@@ -224,10 +224,26 @@ class Persistence:
         try:
             if ch is None:
                 t.log.append_batch(buf, off, ln, ts, ids, not_before)
-            else:
+                return
+            later = not_before > time.time_ns()
+            if not later.any():
                 t.log.append_private(ch.ch, buf, off, ln, ts, ids, att, not_before)
+                return
+            now = ~later
+            if now.any():
+                t.log.append_private(ch.ch, buf, off[now], ln[now], ts[now], ids[now], att[now], not_before[now])
+            self._load_deferred(t, ch, buf, off[later], ln[later], ts[later], ids[later], att[later],
+                                not_before[later])
         except OSError as e:
             raise StorageError(str(e)) from None
+
+    def _load_deferred(self, t, ch, buf, off, ln, ts, ids, att, due):
+        """Messages still deferred go where a REQ with a delay puts them: parked in the log (the cursor passes
+        them) and in the deferred store, so they count as deferred from the start, as before the restart.
+        (DeferredNoSpace is an OSError: the load stops there and the rest waits on disk.)"""
+        pos = t.log.append_private(ch.ch, buf, off, ln, ts, ids, att, due, parked=True)
+        self.deferred.add(t.index, ch.key, ids, pos, att, due)
+        self.deferred_changed()
         self.stats.changed.add(t.name)
         if t.durable:
             self.appended(t, len(ln))
