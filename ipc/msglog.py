@@ -9,8 +9,11 @@ Theory of operation
   (a PAD record fills the gap). The segments are mapped into one fixed address window per process
   (``msglog_window``), so kernels address the whole log as one array.
 * **Tiers.** A new segment goes to shared memory while the memory budget has room, else to a file (spill) while
-  the disk budget has room, else the append fails with ``LogFull`` and nothing of the batch is visible. An
-  ephemeral topic has no disk provider. The segment table in the control block records each segment's tier, so
+  the disk budget has room, else the append fails with ``LogFull`` and nothing of the batch is visible. A log
+  made with ``mem_messages`` (nsqd's ``--mem-queue-size``, a count of messages as NSQ's) also sends a new segment
+  to disk while its slowest channel has that many messages or more still to deliver: memory then holds at most
+  that many waiting messages plus one segment's worth, the decision being per segment. An ephemeral topic has no
+  disk provider (past its count it gets ``LogFull``). The segment table in the control block records each segment's tier, so
   a restarted owner re-attaches every segment where it is.
 * **Space, not only budgets.** Segments are sparse (``ipc.shm``): a segment's pages are reserved (fallocate) as
   the log reaches them, up to RESERVED in the control block (see ``msglog_layout``), so what a topic costs grows
@@ -66,7 +69,7 @@ from ipc.atomics import py_load_acquire, py_store_release
 from ipc.layout import LayoutError, align_up, check_header, stamp_header, words
 from ipc.msglog_layout import (BAD_POSITION, CH_ACTIVE, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, FULL, HDR,
                                MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
-                               S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES, TAIL, TIER_DISK,
+                               S_BACKLOG_SEQ, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES, TAIL, TIER_DISK,
                                TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base, check_geometry,
                                ctrl_nbytes, ctrl_words, table_at, window_slots)
 from ipc.msglog_window import SegmentWindow
@@ -232,6 +235,14 @@ class LogCounters:
     def open_channels(self) -> list[int]:
         return [ch for ch in range(self.channels) if py_load_acquire(self.ctrl, channel_base(ch) + CH_ACTIVE) == 1]
 
+    def waiting(self) -> int:
+        """Messages the slowest open channel has yet to deliver; with no channel, the backlog the first one
+        will take."""
+        chans = self.open_channels()
+        if chans:
+            return max(self.depth(ch) for ch in chans)
+        return max(0, int(K.state_snapshot(self.ctrl, S_HEAD_SEQ)) - int(K.state_snapshot(self.ctrl, S_BACKLOG_SEQ)))
+
     def segments(self) -> list[tuple[int, int]]:
         """(segment number, tier) of every segment in the table, oldest first; tier 0 memory, 1 disk."""
         return sorted((int(e) >> 1, int(e) & 1) for e in self._table().copy() if e != EMPTY)
@@ -244,8 +255,9 @@ class LogCounters:
 class MessageLog(LogCounters):
     """The owner's handle on a topic's log: appends, channels, reads, framing, reclaim, recovery."""
 
-    def __init__(self, ctrl_buf, offset, memory, disk=None):
+    def __init__(self, ctrl_buf, offset, memory, disk=None, mem_messages=None):
         super().__init__(ctrl_buf, offset)
+        self.mem_messages = mem_messages  # None: the memory tier is limited by its segment budget only
         if self.disk_segments and disk is None:
             raise ValueError("this log has a disk budget: give it a disk segment provider")
         self._providers = (memory, disk)
@@ -262,9 +274,9 @@ class MessageLog(LogCounters):
     # life-cycle -------------------------------------------------------------------------------------------
     @classmethod
     def create(cls, ctrl_buf, offset: int, *, segment_size: int, mem_bytes: int, memory, disk_bytes: int = 0,
-               disk=None, channels: int = DEFAULT_CHANNELS) -> "MessageLog":
+               disk=None, channels: int = DEFAULT_CHANNELS, mem_messages: int | None = None) -> "MessageLog":
         """Initialise a control block at ctrl_buf[offset:] (size ``log_ctrl_nbytes``). The first segment comes
-        with the first append: an idle topic costs its control block only."""
+        with the first append: an idle topic costs its control block only. ``mem_messages``: see Tiers."""
         check_geometry(segment_size, channels)
         mem, dsk = mem_bytes // segment_size, (disk_bytes // segment_size if disk is not None else 0)
         if mem + dsk < 1:
@@ -278,12 +290,12 @@ class MessageLog(LogCounters):
             ctrl[channel_base(ch) + CH_LOW_WATER] = NO_LOW_WATER
         ctrl[WINDOW] = min(slots, INITIAL_WINDOW)
         stamp_header(ctrl, MAGIC, VERSION, size, (segment_size, slots, channels, mem, dsk))
-        return cls(ctrl_buf, offset, memory, disk)
+        return cls(ctrl_buf, offset, memory, disk, mem_messages)
 
     @classmethod
-    def attach(cls, ctrl_buf, offset: int, memory, disk=None) -> "MessageLog":
+    def attach(cls, ctrl_buf, offset: int, memory, disk=None, mem_messages: int | None = None) -> "MessageLog":
         """Map an existing log's segments; an owner taking over after a crash then calls ``recover()``."""
-        return cls(ctrl_buf, offset, memory, disk)
+        return cls(ctrl_buf, offset, memory, disk, mem_messages)
 
     def recover(self) -> int:
         """Make the shared state exact again after the previous owner died; returns the head position."""
@@ -390,6 +402,8 @@ class MessageLog(LogCounters):
         """The tiers whose budget takes a new segment, in order of preference."""
         tiers = [tier for tier, used, budget in zip((TIER_MEM, TIER_DISK), self._count,
                                                     (self.mem_segments, self.disk_segments)) if used < budget]
+        if tiers and tiers[0] == TIER_MEM and self.mem_messages is not None and self.waiting() >= self.mem_messages:
+            tiers = tiers[1:]
         if not tiers and overdraft and sum(self._count) < self.mem_segments + self.disk_segments + OVERDRAFT_SEGMENTS:
             tiers = [tier for tier in (TIER_DISK, TIER_MEM) if self._providers[tier] is not None]
         return tiers
@@ -399,8 +413,9 @@ class MessageLog(LogCounters):
         take it (a tier short of space passes it on: spill). LogFull / LogNoSpace when none does."""
         tiers = self._tiers(overdraft)
         if not tiers:
+            counted = "" if self.mem_messages is None else f" (memory: or {self.mem_messages} or more messages wait)"
             raise LogFull(f"message log full: {self.mem_segments} memory and {self.disk_segments} disk "
-                          f"segments of {self.segment_size} bytes are all needed")
+                          f"segments of {self.segment_size} bytes are all needed{counted}")
         slot = table_at(self.channels) + k % self.slots
         if self.ctrl[slot] != EMPTY:
             raise LogError(f"message log: slot for segment {k} is still held by segment {self.ctrl[slot] >> 1}")

@@ -6,9 +6,11 @@ in a shared-memory segment named from the broker instance and a hash of the topi
 finds it again; its segments live in shared memory up to the memory budget and spill to files under the data
 path beyond it (none for ``#ephemeral`` topics, which drop what does not fit, as NSQ does).
 
-Memory budget: NSQ counts ``--mem-queue-size`` in messages; the log counts bytes, so the budget is
-``mem-queue-size x MEM_BYTES_PER_MESSAGE`` rounded up to whole segments (at least two: the head is
-always inside the newest one, so a log of one segment could never turn over).
+Memory budget: ``--mem-queue-size`` counts messages, as NSQ's: a new log segment goes to shared memory only while
+the topic's slowest channel has fewer than that many messages waiting (``MessageLog`` Tiers), so memory holds them
+plus at most one segment more. Its bytes are capped too, at ``mem-queue-size x MEM_BYTES_PER_MESSAGE`` rounded up
+to whole segments (at least two: the head is always inside the newest one, so a log of one segment could never
+turn over): big messages spill to disk before their count is reached, /dev/shm is not a place for gigabytes.
 """
 import errno
 import hashlib
@@ -84,6 +86,7 @@ class Topic:
         # at least two segments: the head is always inside the newest one, so with a single segment a full log
         # could never turn over, however fast its channels drain it
         mem_bytes = 0 if self.durable else max(2 * seg, -(-opts.mem_queue_size * MEM_BYTES_PER_MESSAGE // seg) * seg)
+        mem_messages = None if self.durable else opts.mem_queue_size
         disk_bytes = 0 if self.ephemeral else max(opts.max_disk_bytes_per_topic, 2 * seg)
         ctrl_name = (ctrl_path(self.worker.data_path, h) if self.durable
                      else segment_name(self.worker.data_path, opts.node_id, "topic", h))
@@ -101,14 +104,15 @@ class Topic:
             else:
                 try:
                     self.log = MessageLog.create(self.ctrl.buf, 0, segment_size=seg, mem_bytes=mem_bytes,
-                                                 memory=self.memory, disk_bytes=disk_bytes, disk=self.disk)
+                                                 memory=self.memory, disk_bytes=disk_bytes, disk=self.disk,
+                                                 mem_messages=mem_messages)
                 except BaseException:
                     self.ctrl.close()  # its window could not be mapped (too many maps?): leave nothing behind
                     self.ctrl.unlink()
                     raise
                 return
         self.ctrl = self._ctrl_attach(ctrl_name)
-        self.log = MessageLog.attach(self.ctrl.buf, 0, self.memory, self.disk)
+        self.log = MessageLog.attach(self.ctrl.buf, 0, self.memory, self.disk, mem_messages)
         self.log.recover()
         last = self.log.last_id & 0xFFFFFFFFFFFFFFFF
         if last:

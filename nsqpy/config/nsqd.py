@@ -117,14 +117,14 @@ class NsqdOptions(DaemonOptions):
                                 "also holds the disk tier of the topics' logs, the workers' topic journals and "
                                 "set-aside messages (quarantine/); the disk queues (NSQ's format) are written at a "
                                 "clean stop and after a crash, and read at start"))
-    mem_queue_size: int = option(Int(), 10000, "memory budget of each topic, in units of 1 KiB (NSQ counts "
-                                 "messages, per topic and per channel; nsqpy counts bytes, per topic, and its "
-                                 "channels share the topic's one log): the topic keeps up to this x 1024 bytes of "
-                                 "messages in shared memory, rounded up to whole log segments (at least two, "
-                                 "8 MiB each unless --max-msg-size needs bigger ones); beyond that its messages "
-                                 "go to files under --data-path (#ephemeral topics drop them, as in NSQ). 0: every "
-                                 "message on disk with the topic's control block, synced by --sync-every and "
-                                 "--sync-timeout, and recovered after a reboot")
+    mem_queue_size: int = option(Int(), 10000, "messages of each topic kept in memory (as NSQ; its channels "
+                                 "share the topic's one log): a new 8 MiB log segment (bigger if --max-msg-size "
+                                 "needs it) goes to shared memory only while the slowest channel has fewer than "
+                                 "this many messages waiting, else to files under --data-path (#ephemeral topics "
+                                 "drop what does not fit, as in NSQ), so memory holds up to one segment more; "
+                                 "memory is also capped at this x 1 KiB per topic (at least two segments). 0: "
+                                 "every message on disk with the topic's control block, synced by --sync-every "
+                                 "and --sync-timeout, and recovered after a reboot")
     max_bytes_per_file: int = option(Int(), 104857600, "bytes per disk-queue file before it rolls",
                                      support=Differs("used by the disk queues written at a stop; while running, "
                                                      "a topic's disk tier is log segments of 8 MiB (or the power "

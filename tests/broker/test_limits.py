@@ -93,7 +93,8 @@ def test_touch_cannot_extend_past_max_msg_timeout(addr):
 
 
 def test_a_full_ephemeral_topic_turns_over_once_drained(nsqd_factory):
-    """--mem-queue-size=1 gives an ephemeral topic the smallest log (no disk): filling it drops what does not fit
+    """--mem-queue-size=1 gives an ephemeral topic the smallest log (no disk; a new segment only while fewer than
+    one message waits): filling it drops what does not fit
     (NSQ's rule for ephemeral topics), and once the channel drained it, new messages are delivered again."""
     nsqd = nsqd_factory("--mem-queue-size=1")
     topic = unique() + "#ephemeral"

@@ -365,6 +365,30 @@ def test_durable_topics_survive_the_loss_of_shared_memory(nsqd_factory):
     c2.close()
 
 
+@pytest.mark.parametrize("mem_queue_size, spills", [(1000, True), (100_000, False)])
+def test_mem_queue_size_counts_messages(nsqd_factory, mem_queue_size, spills):
+    """--mem-queue-size is a count of messages, as NSQ's: 60,000 waiting messages of 200 B (15 MB, two 8 MiB log
+    segments) spill to disk past 1,000 (backend_depth counts them) and stay in memory under 100,000."""
+    n = nsqd_factory(f"--mem-queue-size={mem_queue_size}", workers=2)
+    topic = unique()
+    consumer(n.address, topic, "ch", rdy=0).close()
+    with Conn(n.address) as p:
+        for k in range(300):
+            p.send(C.mpub(topic, [b"%09d" % (k * 200 + i) + b"b" * 191 for i in range(200)]))
+            p.expect_response(b"OK")
+
+    def channel(**expect):
+        _, body = _http(n, "GET", f"/stats?format=json&topic={topic}&channel=ch")
+        [ch] = [c for t in json.loads(body)["topics"] for c in t["channels"]]
+        return ch if all(ch[k] == v for k, v in expect.items()) else None
+    ch = wait_until(lambda: channel(depth=60_000), what="60,000 messages waiting")
+    assert (0 < ch["backend_depth"] < 60_000) if spills else ch["backend_depth"] == 0, ch
+    c = consumer(n.address, topic, "ch", rdy=2500)
+    assert len({m.body[:9] for m in _drain(c, 60_000)}) == 60_000
+    wait_until(lambda: channel(depth=0, backend_depth=0, in_flight_count=0), what="all of them delivered")
+    c.close()
+
+
 @pytest.mark.soak
 def test_a_million_messages_through_a_small_memory_queue_and_a_restart(nsqd_factory):
     """1,000,000 messages of 200 B through --mem-queue-size=1000 (1 MiB of memory, the rest spilled to disk),

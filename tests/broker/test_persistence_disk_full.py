@@ -11,7 +11,7 @@ from nsqpy.protocol import client as C
 
 data = sys.argv[1]
 args = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}", "--workers=2",
-        "--node-id=3", "--mem-queue-size=1"]
+        "--node-id=3", "--mem-queue-size=16384"]   # 4 KB messages: memory's cap of 16 MiB comes before the count
 out = {}
 
 def ping(n):

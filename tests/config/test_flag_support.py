@@ -186,4 +186,5 @@ def test_help_says_what_each_declared_flag_does():
             assert f"[nsqpy: {support.what}]" in spec.help, name
         elif isinstance(support, Deprecated):
             assert spec.help.startswith("[deprecated] no effect; use " + support.use), name
-    assert "x 1024 bytes" in SPECS["mem-queue-size"].help  # its meaning differs from NSQ's, and says how
+    # a count of messages as NSQ's, decided per log segment, with a cap in bytes: the help says both
+    assert "messages" in SPECS["mem-queue-size"].help and "x 1 KiB" in SPECS["mem-queue-size"].help

@@ -53,12 +53,12 @@ class Refusing:
         self.inner.reserve(k, start, end)
 
 
-def make_log(shm_prefix, tmp_path, mem=2, disk=2, segment_size=S):
+def make_log(shm_prefix, tmp_path, mem=2, disk=2, segment_size=S, mem_messages=None):
     memory = Refusing(ShmSegmentProvider(shm_prefix))
     files = Refusing(FileSegmentProvider(str(tmp_path), "log")) if disk else None
     ctrl = mmap.mmap(-1, log_ctrl_nbytes(segment_size, mem * segment_size, disk * segment_size))
     log = MessageLog.create(ctrl, 0, segment_size=segment_size, mem_bytes=mem * segment_size, memory=memory,
-                            disk_bytes=disk * segment_size, disk=files)
+                            disk_bytes=disk * segment_size, disk=files, mem_messages=mem_messages)
     return log, ctrl, memory, files
 
 
@@ -255,6 +255,60 @@ def test_other_os_errors_become_log_errors(space_log):
     memory.refuse = set()
     log.append(b"x", 1, 1)
     assert log.segments() == [(0, 0)]
+
+
+def fill_segment(log, first_id, size=10_000):
+    """Messages until the head is in a new segment; -> the next id."""
+    seg = log.head // S
+    while log.head // S == seg:
+        append_n(log, 1, size=size, first_id=first_id)
+        first_id += 1
+    return first_id
+
+
+def keep_up_to_next_segment(log, ch, first_id, size=10_000):
+    """Append one message at a time, channel ch reading each, until the head is in a new segment."""
+    seg = log.head // S
+    while log.head // S == seg:
+        append_n(log, 1, size=size, first_id=first_id)
+        assert read_all(log, ch) == [first_id]
+        first_id += 1
+
+
+@pytest.mark.parametrize("with_channel", [True, False])
+def test_mem_messages_sends_new_segments_to_disk_while_that_many_wait(shm_prefix, tmp_path, with_channel):
+    """--mem-queue-size counts messages: a new segment goes to memory only while fewer than mem_messages wait
+    (for the slowest channel, or in the backlog without one), whatever room the memory budget has left."""
+    log, _, _, _ = make_log(shm_prefix, tmp_path, mem=8, disk=8, mem_messages=50)
+    try:
+        ch = log.open_channel() if with_channel else None
+        nxt = fill_segment(log, 1)                    # ~100 messages of 10 KB per 1 MiB segment
+        assert log.segments() == [(0, 0), (1, 1)]     # the first went to memory; ~100 waiting: the next to disk
+        assert log.waiting() == nxt - 1
+        nxt = fill_segment(log, nxt)
+        assert [t for _, t in log.segments()] == [0, 1, 1]
+        if ch is None:
+            ch = log.open_channel()                   # the first channel takes the backlog
+        assert read_all(log, ch) == list(range(1, nxt)) and log.waiting() == 0
+        keep_up_to_next_segment(log, ch, nxt)
+        assert log.segments()[-1][1] == 0             # nothing waited: the next segment is in memory again
+    finally:
+        log.destroy()
+
+
+def test_an_ephemeral_log_is_full_past_mem_messages_until_its_channel_reads(shm_prefix, tmp_path):
+    """No disk tier (#ephemeral): past mem_messages waiting, a new segment is refused (NSQ drops there)."""
+    log, _, _, _ = make_log(shm_prefix, tmp_path, mem=8, disk=0, mem_messages=50)
+    try:
+        ch = log.open_channel()
+        with pytest.raises(LogFull, match="50 or more messages wait"):   # ~100 wait when the first is full
+            fill_segment(log, 1)
+        assert log.segments() == [(0, 0)]
+        nxt = len(read_all(log, ch)) + 1
+        keep_up_to_next_segment(log, ch, nxt)
+        assert log.segments() == [(0, 0), (1, 0)]
+    finally:
+        log.destroy()
 
 
 def test_budgets_still_fail_as_log_full(space_log):
