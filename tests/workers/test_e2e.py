@@ -8,6 +8,7 @@ import time
 
 import numpy as np
 import pytest
+from numba import njit
 
 from ipc.shm import unlink_name
 from ipc.statrows import Board, RowWriter
@@ -44,7 +45,15 @@ def test_rotation_drops_what_is_older_than_the_window():
     assert w.result(now_mono=100 * half + 1) == (1, (5, 5, 5))
 
 
+@njit
+def _seed_reservoir_draws(seed):
+    np.random.seed(seed)  # numba's generator (the reservoir's draws), not numpy's
+
+
 def test_memory_stays_bounded_and_sampled_percentiles_are_close():
+    # seeded: an unseeded run lands outside 4 standard deviations about once in a thousand (the p99 estimate
+    # rests on ~10 samples above it, a skewed distribution), which a suite of 1,500 tests cannot afford
+    _seed_reservoir_draws(12345)
     w = LatencyWindow(Q, 10 * MIN, now_ns=0)
     assert w.nbytes() < 100                      # nothing reserved before the first latency
     rng = np.random.default_rng(1)
