@@ -389,10 +389,9 @@ def test_mem_queue_size_counts_messages(nsqd_factory, mem_queue_size, spills):
     c.close()
 
 
-@pytest.mark.soak
 def test_a_million_messages_through_a_small_memory_queue_and_a_restart(nsqd_factory):
-    """1,000,000 messages of 200 B through --mem-queue-size=1000 (1 MiB of memory, the rest spilled to disk),
-    a clean restart in the middle: every one is delivered."""
+    """1,000,000 messages of 200 B through --mem-queue-size=1000 (past 1,000 waiting, new segments go to disk),
+    a clean restart in the middle: every one is delivered. (~20 s here: in the default suite, as the issue asks.)"""
     n1 = nsqd_factory("--mem-queue-size=1000", workers=2)
     topic = unique()
     consumer(n1.address, topic, "ch", rdy=0).close()
