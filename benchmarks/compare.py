@@ -1,8 +1,8 @@
 """nsqpy against other NSQ-compatible brokers, scenario by scenario, with the ratios in one JSON line.
 
     python -m benchmarks.compare [--target nsqd=127.0.0.1:4150 ...] [--rounds 3] [--runfor 5s]
-        [--connections N] [--latency-rate 10000] [--latency-modes defaults,unbuffered]
-        [--nsqpy-command CMD] [--plot DIR] [--out FILE]
+        [--connections N] [--scenarios writer,reader,pub,latency] [--latency-rate 10000[,...]]
+        [--latency-modes defaults,unbuffered] [--nsqpy-command CMD] [--plot DIR] [--out FILE]
 
 nsqpy is started here (fresh --data-path, port 0; ready once it logs its `TCP: listening on` line, waited on
 with a deadline) and stopped at the end; every --target is an address of something already running. Each
@@ -19,7 +19,9 @@ hits all alike), each in a topic of its own so no run reads another's backlog:
 Latency runs once per round and target with every mode of --latency-modes (default defaults,unbuffered: the
 consumer's IDENTIFY with NSQ's client defaults, output buffer 16 KiB / 250 ms, and with output_buffer_size -1;
 see benchmarks/latency.py). Each mode is its own entry in `runs` (scenario `latency`, plus `mode`) and its own
-key in `medians`, `ratios` and `figures`: `latency_defaults`, `latency_unbuffered`.
+key in `medians`, `ratios` and `figures`: `latency_defaults`, `latency_unbuffered`. With several rates
+(--latency-rate 1000,10000,100000) each rate and mode is its own key: `latency_<mode>_<rate>`.
+--scenarios runs a subset (reader needs writer: it reads what writer wrote).
 
 The JSON holds every run, the median per scenario (latency: per mode) and target, and `ratios` = nsqpy /
 target of those medians. --plot DIR writes throughput.png and latency_cdf.png (matplotlib is imported only
@@ -45,37 +47,58 @@ FIGURES = {"writer": ("ops_per_s", True), "reader": ("ops_per_s", True), "pub": 
 LATENCY = ("p99_us", False)
 
 
-def figures(latency_modes: list[str]) -> dict:
-    return {**FIGURES, **{f"latency_{m}": LATENCY for m in latency_modes}}
+SCENARIOS = ("writer", "reader", "pub", "latency")
+
+
+def latency_key(mode: str, rate: int, rates: list[int]) -> str:
+    return f"latency_{mode}" if len(rates) <= 1 else f"latency_{mode}_{rate}"
+
+
+def figures(latency_modes: list[str], latency_rates: list[int] = (), scenarios=SCENARIOS) -> dict:
+    table = {s: f for s, f in FIGURES.items() if s in scenarios}
+    if "latency" in scenarios:
+        table.update({latency_key(m, r, latency_rates): LATENCY for r in latency_rates or [0] for m in latency_modes})
+    return table
 
 
 def run_key(run: dict) -> str:
-    """Where a run counts in medians and ratios: its scenario, and for latency its mode too."""
+    """Where a run counts in medians and ratios: its scenario, for latency its mode (and rate) too."""
+    if run.get("key"):
+        return run["key"]
     return f"{run['scenario']}_{run['mode']}" if run.get("mode") else run["scenario"]
 
 
 def run_scenarios(address: str, topic: str, opts) -> list[tuple[str, str, dict]]:
-    """One round of every scenario against one address: (scenario, latency mode or "", result) each."""
+    """One round of the chosen scenarios against one address: (scenario, run key, result) each."""
     common = ["--nsqd-tcp-address", address, "--no-ceiling", "--connections", str(opts.connections)]
     runfor = ["--runfor", f"{opts.runfor}s"]
     results = {}
-    _, results["writer"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_mpub",
-                                    "--batch-size", "200", "--size", "200")
-    written = results["writer"]["msgs"]
-    _, results["reader"] = run_tool("benchmarks.bench_reader", *common, "--topic", topic + "_mpub",
-                                    "--rdy", "2500", "--count", str(written),
-                                    "--runfor", f"{max(opts.runfor * 10, 60)}s")
-    _, results["pub"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_pub",
-                                 "--batch-size", "1", "--size", "200")
+    if "writer" in opts.scenarios:
+        _, results["writer"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_mpub",
+                                        "--batch-size", "200", "--size", "200")
+    if "reader" in opts.scenarios:
+        _, results["reader"] = run_tool("benchmarks.bench_reader", *common, "--topic", topic + "_mpub",
+                                        "--rdy", "2500", "--count", str(results["writer"]["msgs"]),
+                                        "--runfor", f"{max(opts.runfor * 10, 60)}s")
+    if "pub" in opts.scenarios:
+        _, results["pub"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_pub",
+                                     "--batch-size", "1", "--size", "200")
+    out = [(scenario, scenario, result) for scenario, result in results.items()]
+    if "latency" not in opts.scenarios:
+        return out
+    rates = opts.latency_rate
     _, latency = run_tool("benchmarks.latency", "--nsqd-tcp-address", address, "--no-ceiling", *runfor,
-                          "--topic", topic + "_lat", "--rates", str(opts.latency_rate),
+                          "--topic", topic + "_lat", "--rates", ",".join(map(str, rates)),
                           "--modes", ",".join(opts.latency_modes))
-    out = [(scenario, "", result) for scenario, result in results.items()]
-    by_mode = {p["mode"]: p for p in latency["phases"]}
-    for mode in opts.latency_modes:
-        # the tool's errors count once, with the first mode; a mode with no phase (it failed) counts one more
-        errors = (latency["errors"] if mode == opts.latency_modes[0] else 0) + (mode not in by_mode)
-        out.append(("latency", mode, {**by_mode.get(mode, {"mode": mode}), "errors": errors}))
+    phases = {(p["mode"], p["rate"]): p for p in latency["phases"]}
+    first = True
+    for rate in rates:
+        for mode in opts.latency_modes:
+            # the tool's errors count once, with the first phase; a phase missing (it failed) counts one more
+            errors = (latency["errors"] if first else 0) + ((mode, rate) not in phases)
+            first = False
+            result = {**phases.get((mode, rate), {"mode": mode, "rate": rate}), "errors": errors}
+            out.append(("latency", latency_key(mode, rate, rates), result))
     return out
 
 
@@ -91,6 +114,23 @@ def summarize(runs: list[dict], names: list[str], table: dict = FIGURES) -> tupl
     ratios = {s: {n: (medians[s]["nsqpy"] / medians[s][n] if medians[s][n] else None)
                   for n in names if n != "nsqpy"} for s in table}
     return medians, ratios
+
+
+def rates_list(text: str) -> list[int]:
+    try:
+        rates = [int(x) for x in text.split(",") if x]
+    except ValueError:
+        rates = []
+    if not rates or min(rates) < 1:
+        raise argparse.ArgumentTypeError(f"expected comma-separated messages per second, got {text!r}")
+    return rates
+
+
+def scenarios_list(text: str) -> list[str]:
+    chosen = [x for x in text.split(",") if x]
+    if not chosen or any(x not in SCENARIOS for x in chosen) or ("reader" in chosen and "writer" not in chosen):
+        raise argparse.ArgumentTypeError(f"expected some of {','.join(SCENARIOS)} (reader with writer), got {text!r}")
+    return chosen
 
 
 def modes_list(text: str) -> list[str]:
@@ -113,7 +153,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runfor", type=duration_s, default=5.0, help="per throughput run and latency phase")
     p.add_argument("--connections", type=int, default=CORES)
-    p.add_argument("--latency-rate", type=int, default=10000)
+    p.add_argument("--scenarios", type=scenarios_list, default=list(SCENARIOS),
+                   help="comma-separated subset of writer,reader,pub,latency (default all)")
+    p.add_argument("--latency-rate", type=rates_list, default=[10000],
+                   help="msgs/s of the latency scenario; several (comma-separated) are reported apart")
     p.add_argument("--latency-modes", type=modes_list, default=["defaults", "unbuffered"],
                    help="latency consumer modes (benchmarks.latency --modes), each reported on its own as "
                         "latency_<mode> (default defaults,unbuffered)")
@@ -137,18 +180,22 @@ def main(argv=None) -> int:
                 for name, address in targets.items():
                     log(f"compare: round {round_no + 1}/{opts.rounds} on {name} ({address})")
                     topic = f"cmp{round_no}"
-                    for scenario, mode, result in run_scenarios(address, topic, opts):
-                        runs.append({"round": round_no, "target": name, "scenario": scenario,
-                                     **({"mode": mode} if mode else {}), "result": result})
+                    for scenario, key, result in run_scenarios(address, topic, opts):
+                        extra = {}
+                        if scenario == "latency":
+                            extra = {"mode": result["mode"], "rate": result["rate"], "key": key}
+                        runs.append({"round": round_no, "target": name, "scenario": scenario, **extra,
+                                     "result": result})
         if nsqpy.proc.returncode not in (0, -15):
             log(f"compare: nsqpy exited with {nsqpy.proc.returncode}")
-    table = figures(opts.latency_modes)
+    table = figures(opts.latency_modes, opts.latency_rate, opts.scenarios)
     medians, ratios = summarize(runs, list(targets), table)
     for scenario, row in ratios.items():
         log(f"compare: {scenario}: " + ", ".join(f"nsqpy/{n} = {r:.3f}" if r else f"nsqpy/{n} = n/a"
                                                  for n, r in row.items()))
     result = {"tool": "compare", "targets": targets, "rounds": opts.rounds, "runfor_s": opts.runfor,
-              "latency_rate": opts.latency_rate, "latency_modes": opts.latency_modes,
+              "scenarios": opts.scenarios, "latency_rate": opts.latency_rate[0],
+              "latency_rates": opts.latency_rate, "latency_modes": opts.latency_modes,
               "figures": {s: f for s, (f, _) in table.items()},
               "medians": medians, "ratios": ratios, "runs": runs,
               "errors": sum(int(r["result"].get("errors", 0)) for r in runs), **environment()}

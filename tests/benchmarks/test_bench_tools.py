@@ -148,6 +148,20 @@ def test_compare_reports_latency_per_mode():
     assert ratios["pub"] == {"go": 0.5} and "latency" not in medians
 
 
+def test_compare_keys_latency_by_mode_and_rate_when_several_rates():
+    table = compare.figures(["unbuffered"], [1000, 100000], ["pub", "latency"])
+    assert list(table) == ["pub", "latency_unbuffered_1000", "latency_unbuffered_100000"]
+    runs = [{"target": t, "scenario": "latency", "mode": "unbuffered", "rate": r, "key": f"latency_unbuffered_{r}",
+             "result": {"p99_us": v}} for t, r, v in [("nsqpy", 1000, 10.0), ("go", 1000, 20.0),
+                                                        ("nsqpy", 100000, 30.0), ("go", 100000, 15.0)]]
+    _, ratios = compare.summarize(runs, ["nsqpy", "go"], table)
+    assert ratios["latency_unbuffered_1000"] == {"go": 0.5} and ratios["latency_unbuffered_100000"] == {"go": 2.0}
+    assert compare.parser().parse_args(["--scenarios", "latency", "--latency-rate", "1000,100000"]).latency_rate \
+        == [1000, 100000]
+    with pytest.raises(SystemExit):
+        compare.parser().parse_args(["--scenarios", "reader"])   # reader reads what writer wrote
+
+
 def test_make_table_rewrites_only_between_the_markers(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
