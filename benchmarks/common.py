@@ -43,6 +43,19 @@ def duration_s(text: str) -> float:
         raise argparse.ArgumentTypeError(str(err)) from None
 
 
+def positive_ints(what: str):
+    """An argparse type: comma-separated positive integers ("2,32,64") -> list; ``what`` names them in errors."""
+    def parse(text: str) -> list[int]:
+        try:
+            values = [int(x) for x in text.split(",") if x]
+        except ValueError:
+            values = []
+        if not values or min(values) < 1:
+            raise argparse.ArgumentTypeError(f"expected comma-separated {what}, got {text!r}")
+        return values
+    return parse
+
+
 def host_port(text: str) -> tuple[str, int]:
     host, sep, port = text.rpartition(":")
     if not sep or not port.isdigit():

@@ -36,7 +36,7 @@ import statistics
 import sys
 import tempfile
 
-from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log
+from benchmarks.common import CORES, cli, duration_s, emit, environment, log, positive_ints
 from benchmarks.latency import MODES
 from benchmarks.process import ListeningProcess, run_tool
 
@@ -116,16 +116,6 @@ def summarize(runs: list[dict], names: list[str], table: dict = FIGURES) -> tupl
     return medians, ratios
 
 
-def rates_list(text: str) -> list[int]:
-    try:
-        rates = [int(x) for x in text.split(",") if x]
-    except ValueError:
-        rates = []
-    if not rates or min(rates) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated messages per second, got {text!r}")
-    return rates
-
-
 def scenarios_list(text: str) -> list[str]:
     chosen = [x for x in text.split(",") if x]
     if not chosen or any(x not in SCENARIOS for x in chosen) or ("reader" in chosen and "writer" not in chosen):
@@ -155,7 +145,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--connections", type=int, default=CORES)
     p.add_argument("--scenarios", type=scenarios_list, default=list(SCENARIOS),
                    help="comma-separated subset of writer,reader,pub,latency (default all)")
-    p.add_argument("--latency-rate", type=rates_list, default=[10000],
+    p.add_argument("--latency-rate", type=positive_ints("messages per second"), default=[10000],
                    help="msgs/s of the latency scenario; several (comma-separated) are reported apart")
     p.add_argument("--latency-modes", type=modes_list, default=["defaults", "unbuffered"],
                    help="latency consumer modes (benchmarks.latency --modes), each reported on its own as "

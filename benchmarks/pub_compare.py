@@ -31,7 +31,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log
+from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log, positive_ints
 from benchmarks.process import REPO, ListeningProcess, run_tool
 
 NSQPY = "{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}"
@@ -45,22 +45,12 @@ def pair(text: str) -> tuple[str, str]:
     return name, value
 
 
-def counts(text: str) -> list[int]:
-    try:
-        values = [int(x) for x in text.split(",") if x]
-    except ValueError:
-        values = []
-    if not values or min(values) < 1:
-        raise argparse.ArgumentTypeError(f"expected comma-separated connection counts, got {text!r}")
-    return values
-
-
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(prog="python -m benchmarks.pub_compare", description=__doc__.split("\n")[0])
     p.add_argument("--server", type=pair, action="append", default=[],
                    help="NAME=COMMAND ({python}, {data_path}); default: nsqpy=" + NSQPY)
     p.add_argument("--cwd", type=pair, action="append", default=[], help="NAME=DIR: run that server's command there")
-    p.add_argument("--connections", type=counts, default=[CORES, 32, 64])
+    p.add_argument("--connections", type=positive_ints("connection counts"), default=[CORES, 32, 64])
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runfor", type=duration_s, default=5.0)
     p.add_argument("--size", type=int, default=200)
