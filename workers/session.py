@@ -10,7 +10,10 @@ are written by the channel straight into the same buffer. Handlers raise ``Proto
 boundary that turns an error into an error frame and, when it is fatal, closes the connection once the frame is
 flushed (replies still queued before it go out first, also for a silent drop). Until then the socket is still
 read, but what arrives is discarded: the parser takes nothing after a fatal error, and closing with unread bytes
-would be a reset that destroys what the client has not read yet.
+would be a reset that destroys what the client has not read yet. For the same reason the close itself lingers:
+once the error frame is sent the session shuts its side down (FIN after the queued bytes) and reads on, discarding,
+until the client closes or LINGER seconds pass (bytes it sent while its output was backed up, when the socket was
+not read, would otherwise still be unread at the close).
 
 Heartbeats: one timer per session sends ``_heartbeat_`` every heartbeat interval to every client, producers
 included, and enforces NSQ's read deadline: a client has two intervals for a whole command (nsqd sets the socket
@@ -37,6 +40,7 @@ the upgrade) the pump's fast path is off for the session, since it makes neither
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
 beyond NSQ here), leaves its channel, takes the fd out of the pump and the loop and closes the socket.
 """
+import socket
 import time
 from time import monotonic
 
@@ -52,6 +56,7 @@ from workers.transport import upgrade
 # A client that stops reading must not make the broker buffer without bound: past this many unsent bytes the
 # session stops reading commands (and so stops publishing) until the socket drains.
 MAX_WBUF = 4 * 1024 * 1024
+LINGER = 2.0   # seconds a session closing after a fatal error waits for the client to close first
 VERB = {cls: verb for verb, cls in C.VERBS.items()} | {C.FinBatch: "FIN"}
 
 
@@ -68,6 +73,7 @@ class Session(SessionAuth):
         self.wbuf = bytearray()
         self.closed = False
         self.closing_after_flush = False
+        self._linger_timer = None
         self.reading = True
         self.held = False          # a publish waits for room in the ring to its topic's owner: not reading
         self._held_items = None    # commands parsed after that publish, handled once it is committed
@@ -227,7 +233,7 @@ class Session(SessionAuth):
             self.writing = False
             self.worker.loop.remove_writer(self.fd)
         if self.closing_after_flush:
-            self.close()
+            self._linger()
         elif not self.reading:
             self.reading = True
             if not self.held:
@@ -236,6 +242,21 @@ class Session(SessionAuth):
 
     def _on_writable(self):
         self.flush()
+
+    def _linger(self):
+        """The fatal error frame went out: shut our side down (the client reads to the end, then EOF) and read on,
+        discarding (``on_data``), until the client closes (the pump reports it) or LINGER seconds pass."""
+        if self._linger_timer is not None:
+            return
+        try:
+            self.sock.shutdown(socket.SHUT_WR)
+        except OSError:
+            self.close()
+            return
+        self._linger_timer = self.worker.loop.call_later(LINGER, self.close)
+        if not self.reading and not self.held:
+            self.reading = True
+            self.worker.pump.resume(self.fd)
 
     def _fail(self, err):
         frame = err.frame()
@@ -417,6 +438,8 @@ class Session(SessionAuth):
         self.closed = True
         if self._hb_timer is not None:
             self._hb_timer.cancel()
+        if self._linger_timer is not None:
+            self._linger_timer.cancel()
         if self.channel is not None:
             self.channel.remove_consumer(self)
         self.worker.pump.remove(self)
