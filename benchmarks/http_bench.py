@@ -168,7 +168,8 @@ def run_class(cls, args, with_tcp):
                          f"--data-path={data}", "--workers=2", f"--node-id={NODE_ID}", "--http-workers=2",
                          f"--http-worker-class={cls}")
     result = {}
-    with ListeningProcess(argv, ready_timeout=120) as server:
+    # a clean stop saves and frees every topic: with --topics x --channels that takes longer than the default wait
+    with ListeningProcess(argv, ready_timeout=120, stop_timeout=60 + args.topics * args.channels / 50) as server:
         api = _http_address(server)
         for case, req, per in (("http_pub", _request("POST", "/pub?topic=hpub", BODY), 1),
                                ("http_mpub", _request("POST", "/mpub?topic=hmpub", b"\n".join([BODY] * 200)), 200)):

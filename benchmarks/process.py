@@ -20,18 +20,21 @@ import sys
 import threading
 import time
 
-from benchmarks.common import BenchError
+from benchmarks.common import BenchError, log
 
 LISTENING = re.compile(rb"TCP: listening on (\S+):(\d+)")
 REPO = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
 
 
 class ListeningProcess:
-    """Start `argv`, wait (up to `ready_timeout` s) for its TCP listening line; `stop()` sends SIGTERM."""
+    """Start `argv`, wait (up to `ready_timeout` s) for its TCP listening line; `stop()` sends SIGTERM and waits
+    `stop_timeout` s for a clean exit (a broker with thousands of topics needs longer than the default) before it
+    SIGKILLs the child's whole process group (started as a session of its own: no worker outlives it)."""
 
-    def __init__(self, argv: list[str], ready_timeout: float = 60.0, cwd: str = REPO):
+    def __init__(self, argv: list[str], ready_timeout: float = 60.0, cwd: str = REPO, stop_timeout: float = 15.0):
         self.argv = argv
         self.ready_timeout = ready_timeout
+        self.stop_timeout = stop_timeout
         self.cwd = cwd
         self.proc: subprocess.Popen | None = None
         self.address: tuple[str, int] | None = None
@@ -40,7 +43,8 @@ class ListeningProcess:
         self._threads: list[threading.Thread] = []
 
     def start(self) -> "ListeningProcess":
-        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE)
+        self.proc = subprocess.Popen(self.argv, cwd=self.cwd, stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                                     start_new_session=True)
         fd = self.proc.stderr.fileno()
         deadline = time.monotonic() + self.ready_timeout
         pending = b""
@@ -72,9 +76,15 @@ class ListeningProcess:
         thread.start()
         self._threads.append(thread)
 
-    def _fail(self, why: str) -> None:
-        self.proc.kill()
+    def _kill(self) -> None:
+        try:
+            os.killpg(self.proc.pid, signal.SIGKILL)
+        except ProcessLookupError:
+            pass
         self.proc.wait()
+
+    def _fail(self, why: str) -> None:
+        self._kill()
         tail = b"\n".join(self.stderr_tail).decode(errors="replace")[-2000:]
         raise BenchError(f"{' '.join(self.argv)}: {why}\n{tail}")
 
@@ -82,15 +92,17 @@ class ListeningProcess:
     def address_text(self) -> str:
         return "%s:%d" % self.address
 
-    def stop(self, timeout: float = 15.0) -> int:
-        """SIGTERM, wait (SIGKILL after `timeout`), and collect the output. Returns the exit code."""
+    def stop(self, timeout: float | None = None) -> int:
+        """SIGTERM, wait (SIGKILL of the process group after `timeout`, default `stop_timeout`), and collect the
+        output. Returns the exit code."""
+        timeout = self.stop_timeout if timeout is None else timeout
         if self.proc.poll() is None:
             self.proc.send_signal(signal.SIGTERM)
             try:
                 self.proc.wait(timeout)
             except subprocess.TimeoutExpired:
-                self.proc.kill()
-                self.proc.wait()
+                log(f"{self.argv[0]}: no clean exit within {timeout:.0f}s: SIGKILL")
+                self._kill()
         for thread in self._threads:
             thread.join(timeout)
         return self.proc.returncode

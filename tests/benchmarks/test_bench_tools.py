@@ -189,3 +189,30 @@ def test_make_table_rewrites_only_between_the_markers(tmp_path):
     assert "| pc | 2 | go | 25,000 | 30.0 | 0.800 | abc1234 |" in text
     make_table.main(["--results", str(results), "--readme", str(readme)])
     assert readme.read_text() == text  # idempotent
+
+
+def test_a_server_that_ignores_sigterm_is_killed_with_its_whole_process_group():
+    """stop() waits stop_timeout for a clean exit, then SIGKILLs the process group: no child outlives it (a
+    broker's workers would otherwise keep running, and keep their shared memory)."""
+    import sys
+
+    from tests.polling import wait_until
+    script = ("import os, signal, subprocess, sys, time\n"
+              "signal.signal(signal.SIGTERM, signal.SIG_IGN)\n"
+              "child = subprocess.Popen([sys.executable, '-c', "
+              "'import signal, time; signal.signal(signal.SIGTERM, signal.SIG_IGN); time.sleep(600)'])\n"
+              "print(child.pid, flush=True)\n"
+              "sys.stderr.write('TCP: listening on 127.0.0.1:1\\n'); sys.stderr.flush()\n"
+              "time.sleep(600)\n")
+    server = ListeningProcess([sys.executable, "-c", script], ready_timeout=60, stop_timeout=0.5).start()
+    wait_until(lambda: server._stdout, what="the child's pid")
+    child = int(server._stdout[0])
+    assert server.stop() == -9
+
+    def gone():
+        try:
+            with open(f"/proc/{child}/stat") as f:
+                return f.read().split(") ", 1)[1][0] == "Z"   # killed, not yet reaped by init
+        except FileNotFoundError:
+            return True
+    wait_until(gone, what="the child killed with its parent")
