@@ -224,29 +224,30 @@ class Persistence:
         try:
             if ch is None:
                 t.log.append_batch(buf, off, ln, ts, ids, not_before)
-                return
-            later = not_before > time.time_ns()
-            if not later.any():
-                t.log.append_private(ch.ch, buf, off, ln, ts, ids, att, not_before)
-                return
-            now = ~later
-            if now.any():
-                t.log.append_private(ch.ch, buf, off[now], ln[now], ts[now], ids[now], att[now], not_before[now])
-            self._load_deferred(t, ch, buf, off[later], ln[later], ts[later], ids[later], att[later],
-                                not_before[later])
+            else:
+                self._append_private(t, ch, buf, off, ln, ts, att, ids, not_before)
         except OSError as e:
             raise StorageError(str(e)) from None
-
-    def _load_deferred(self, t, ch, buf, off, ln, ts, ids, att, due):
-        """Messages still deferred go where a REQ with a delay puts them: parked in the log (the cursor passes
-        them) and in the deferred store, so they count as deferred from the start, as before the restart.
-        (DeferredNoSpace is an OSError: the load stops there and the rest waits on disk.)"""
-        pos = t.log.append_private(ch.ch, buf, off, ln, ts, ids, att, due, parked=True)
-        self.deferred.add(t.index, ch.key, ids, pos, att, due)
-        self.deferred_changed()
         self.stats.changed.add(t.name)
         if t.durable:
             self.appended(t, len(ln))
+
+    def _append_private(self, t, ch, buf, off, ln, ts, att, ids, not_before):
+        """A channel queue's records, private to ch. Those still deferred go where a REQ with a delay puts them:
+        parked in the log (the cursor passes them) and in the deferred store, so they count as deferred from the
+        start, as before the restart. (DeferredNoSpace is an OSError: the load stops there and the rest waits on
+        disk; the due part of this batch, appended first, then comes again at the next start: duplicates, no loss.)"""
+        later = not_before > time.time_ns()
+        if not later.any():
+            t.log.append_private(ch.ch, buf, off, ln, ts, ids, att, not_before)
+            return
+        due = ~later
+        if due.any():
+            t.log.append_private(ch.ch, buf, off[due], ln[due], ts[due], ids[due], att[due], not_before[due])
+        ids, att, when = ids[later], att[later], not_before[later]
+        pos = t.log.append_private(ch.ch, buf, off[later], ln[later], ts[later], ids, att, when, parked=True)
+        self.deferred.add(t.index, ch.key, ids, pos, att, when)
+        self.deferred_changed()
 
 
 def _within_bytes(lengths, k):
