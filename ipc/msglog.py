@@ -13,8 +13,8 @@ Theory of operation
   made with ``mem_messages`` (nsqd's ``--mem-queue-size``, a count of messages as NSQ's) also sends a new segment
   to disk while its slowest channel has that many messages or more still to deliver: memory then holds at most
   that many waiting messages plus one segment's worth, the decision being per segment. An ephemeral topic has no
-  disk provider (past its count it gets ``LogFull``). The segment table in the control block records each segment's tier, so
-  a restarted owner re-attaches every segment where it is.
+  disk provider (past its count it gets ``LogFull``). The segment table in the control block records each
+  segment's tier, so a restarted owner re-attaches every segment where it is.
 * **Space, not only budgets.** Segments are sparse (``ipc.shm``): a segment's pages are reserved (fallocate) as
   the log reaches them, up to RESERVED in the control block (see ``msglog_layout``), so what a topic costs grows
   with what it holds: nothing until its first append (the first segment is created then), a page for one small
@@ -69,9 +69,9 @@ from ipc.atomics import py_load_acquire, py_store_release
 from ipc.layout import LayoutError, align_up, check_header, stamp_header, words
 from ipc.msglog_layout import (BAD_POSITION, CH_ACTIVE, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, FULL, HDR,
                                MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
-                               S_BACKLOG_SEQ, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES, TAIL, TIER_DISK,
-                               TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base, check_geometry,
-                               ctrl_nbytes, ctrl_words, table_at, window_slots)
+                               S_BACKLOG_SEQ, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES,
+                               TAIL, TIER_DISK, TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base,
+                               check_geometry, ctrl_nbytes, ctrl_words, table_at, window_slots)
 from ipc.msglog_window import SegmentWindow
 from ipc.shm import Segment, SegmentError, SegmentProvider, check_shm_room, open_segment_fd, unlink_name
 

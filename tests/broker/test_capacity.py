@@ -131,8 +131,9 @@ def test_more_held_than_the_table_holds_then_all_closed_loses_nothing(nsqd_facto
 
 def test_held_messages_do_not_pin_the_log(nsqd_factory):
     # budgets: --mem-queue-size 1 gives the smallest memory tier (two 8 MiB segments, a new one used only while
-    # fewer than one message waits), and the disk budget is at least two segments: 32 MiB in all; four times that flows through (and is FIN'd) while one message
-    # is REQ'd for an hour and another is held in flight by a consumer with a long message timeout
+    # fewer than one message waits), and the disk budget is at least two segments: 32 MiB in all; four times
+    # that flows through (and is FIN'd) while one message is REQ'd for an hour and another is held in flight by
+    # a consumer with a long message timeout
     n = nsqd_factory("--mem-queue-size=1", f"--max-disk-bytes-per-topic={16 * MIB}", workers=2)
     topic = unique()
     deferred = consumer(n.address, topic, "ch", rdy=1)

@@ -377,15 +377,12 @@ def test_mem_queue_size_counts_messages(nsqd_factory, mem_queue_size, spills):
             p.send(C.mpub(topic, [b"%09d" % (k * 200 + i) + b"b" * 191 for i in range(200)]))
             p.expect_response(b"OK")
 
-    def channel(**expect):
-        _, body = _http(n, "GET", f"/stats?format=json&topic={topic}&channel=ch")
-        [ch] = [c for t in json.loads(body)["topics"] for c in t["channels"]]
-        return ch if all(ch[k] == v for k, v in expect.items()) else None
-    ch = wait_until(lambda: channel(depth=60_000), what="60,000 messages waiting")
+    ch = wait_until(lambda: _channel_stats(n, topic, "ch", depth=60_000), what="60,000 messages waiting")
     assert (0 < ch["backend_depth"] < 60_000) if spills else ch["backend_depth"] == 0, ch
     c = consumer(n.address, topic, "ch", rdy=2500)
     assert len({m.body[:9] for m in _drain(c, 60_000)}) == 60_000
-    wait_until(lambda: channel(depth=0, backend_depth=0, in_flight_count=0), what="all of them delivered")
+    wait_until(lambda: _channel_stats(n, topic, "ch", depth=0, backend_depth=0, in_flight_count=0),
+               what="all of them delivered")
     c.close()
 
 
@@ -408,6 +405,14 @@ def test_a_million_messages_through_a_small_memory_queue_and_a_restart(nsqd_fact
         seen.add(m.body[:9])
         c.send(C.fin(m.id))
     c.close()
+
+
+def _channel_stats(n, topic, channel, **expect):
+    """The channel's row of /stats (JSON) when every field of ``expect`` has its value, else None (the stats plane
+    publishes every 100 ms: poll with wait_until)."""
+    _, body = _http(n, "GET", f"/stats?format=json&topic={topic}&channel={channel}")
+    [ch] = [c for t in json.loads(body)["topics"] for c in t["channels"]]
+    return ch if all(ch[k] == v for k, v in expect.items()) else None
 
 
 def _http(n, method, path):
@@ -451,10 +456,8 @@ def test_sigterm_under_load_restores_messages_paused_flags_and_empty_channels(ns
     deferred = {m.body for i, m in enumerate(held) if i % 2}
     want = set(acked) - set(received) - deferred
 
-    def ch_stats(**expect):                            # the stats plane publishes every 100 ms
-        _, body = _http(n2, "GET", f"/stats?format=json&topic={topic}&channel=ch")
-        [ch] = [c for t in json.loads(body)["topics"] for c in t["channels"]]
-        return ch if all(ch[k] == v for k, v in expect.items()) else None
+    def ch_stats(**expect):
+        return _channel_stats(n2, topic, "ch", **expect)
 
     # deferred from the start (before any consumer moves the channel's cursor), as before the restart
     wait_until(lambda: ch_stats(deferred_count=len(deferred)), what="the deferred messages counted after the load")
