@@ -46,7 +46,8 @@ NSQD_DEFAULTS = [
     ("max-disk-bytes-per-topic", str(16 << 30)),  # nsqpy only
     ("crash-on-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
-    ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "spread"),
+    ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "auto"),
+    ("producer-move-in-rate", "2000"), ("producer-move-out-rate", "5000"),
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
@@ -108,7 +109,8 @@ def test_nsqpy_only_options_are_marked_and_documented():
     extras = [spec for spec in NsqdOptions.specs() if spec.nsqpy_only]
     assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic", "crash-on-body", "ring-budget",
                                               "external-producers", "max-in-flight-per-worker", "http-workers",
-                                              "http-worker-class", "producer-placement"]
+                                              "http-worker-class", "producer-placement", "producer-move-in-rate",
+                                              "producer-move-out-rate"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 
 
@@ -358,6 +360,8 @@ FLAG_ERRORS = [
     (NsqdOptions, ["-tls-required"], "cannot require TLS client connections (-tls-required, "
                                      "-tls-client-auth-policy) without -tls-cert and -tls-key"),
     (NsqdOptions, ["-tls-cert=c.pem"], "-tls-cert and -tls-key must be given together"),
+    (NsqdOptions, ["-producer-move-out-rate=2000"],
+     "--producer-move-in-rate must be less than --producer-move-out-rate"),
     (NsqdOptions, ["-nope"], "flag provided but not defined: -nope"),
     (NsqdOptions, ["--nope=1"], "flag provided but not defined: -nope"),
     (NsqdOptions, ["-msg-timeout"], "flag needs an argument: -msg-timeout"),

@@ -7,7 +7,8 @@ Layout (int64 words after the common header line, one LINE per process so writer
     line 2 + w      worker w: connections it serves (written by worker w, read by the acceptor), restarts, then
                     its suspect words (what it is doing, for its replacement: workers/suspects.py), then its
                     quiesced flag (shutdown: it takes no more publishes, see Worker.stop) and the time of its
-                    last failure to store messages (nsqpy/broker/health.py)
+                    last failure to store messages (nsqpy/broker/health.py), then the producers other workers
+                    moved to it (--producer-placement=auto: they check it against the cap before moving one)
     then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
 
 The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop
@@ -27,6 +28,7 @@ SCANNER_EPOCH, SCANNER_RESTARTS = LINE_WORDS, LINE_WORDS + 1
 W_CONNS, W_RESTARTS = 0, 1
 W_QUIESCED = 13         # after workers/suspects.py's words: 1 once the worker stopped taking publishes (shutdown)
 W_STORAGE_FAILED = 14   # ns time of the worker's last failure to store (0: its last store worked): /ping's health
+W_MOVED_IN = 15         # round-trip producers moved to this worker as their topics' owner (auto placement)
 FULL_SLOTS = 256
 _FULL_MARK = 1 << 40
 
@@ -61,8 +63,18 @@ class Control:
     def connections(self, w):
         return int(py_load_acquire(self.w, self._worker(w, W_CONNS)))
 
-    def least_loaded(self):
-        return min(range(self.workers), key=self.connections)
+    def least_loaded(self, besides=None):
+        return min((w for w in range(self.workers) if w != besides), key=self.connections)
+
+    def add_moved_in(self, w, delta):
+        py_fetch_add(self.w, self._worker(w, W_MOVED_IN), delta)
+
+    def set_moved_in(self, w, n):
+        py_store_release(self.w, self._worker(w, W_MOVED_IN), n)
+
+    def moved_in(self, w):
+        """Producers moved to worker w because it owns their topics (it counts them; others read)."""
+        return int(py_load_acquire(self.w, self._worker(w, W_MOVED_IN)))
 
     def set_quiesced(self, w, flag):
         py_store_release(self.w, self._worker(w, W_QUIESCED), int(flag))

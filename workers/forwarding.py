@@ -130,7 +130,7 @@ class Forwarding:
         if len(payload) > self._large_forward:
             payload, rtype = self._forward_file(payload), FORWARD_BY_FILE
         if owner not in self._parked and ring.send(rtype, payload):
-            self.links.wake(owner)
+            self._owner_naps.saw(owner, self.links.wake(owner))
             return True
         p = Parked(rtype, payload.copy() if rtype == FORWARD else payload, topic, crc)
         q = self._parked.get(owner)

@@ -16,10 +16,32 @@ from nsqpy.protocol.errors import ProtocolError
 from nsqpy.protocol.identify import ClientSettings
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import V2Parser
+from workers.pump import AUTO
 from workers.records import owner_of  # noqa: F401 (imported from here too)
 from workers.session import Session
 
 NEW_CONNECTION, MOVED_SUBSCRIBER, MOVED_PRODUCER = 1, 2, 3
+MOVE_IN_CAP = 4   # auto placement: producers other workers may move to one owner (it counts them in the control block)
+NAP_WINDOW = 64   # forwards to an owner per look at how many of them found it asleep
+
+
+class OwnerNaps:
+    """Whether each owner had idle time lately: of the last full window of NAP_WINDOW forwards to it, how many had
+    to wake it (it was asleep: its loop had nothing to do). A worker knows this for free from the wake-up it
+    issues after every forward (``LinkSet.wake``), and auto placement moves a slow producer to an owner only while
+    at least half of them did: a busy owner gets no more producers."""
+
+    def __init__(self, workers):
+        self.forwards = [0] * workers
+        self.woke = [0] * workers
+        self.idle = [False] * workers
+
+    def saw(self, owner, woke):
+        self.woke[owner] += woke
+        self.forwards[owner] += 1
+        if self.forwards[owner] == NAP_WINDOW:
+            self.idle[owner] = 2 * self.woke[owner] >= NAP_WINDOW
+            self.forwards[owner] = self.woke[owner] = 0
 
 
 class Connections:
@@ -68,12 +90,20 @@ class Connections:
                         {"topic": sub.topic, "channel": sub.channel, "rest": rest.hex()})
 
     def move_producer(self, s, owner):
-        """The pump saw this producer's last lone PUBs all go to topics of worker ``owner``: hand it there, so
-        its PUBs are appended where they arrive instead of crossing a ring (see ARCHITECTURE.md)."""
+        """The pump saw this producer's last lone PUBs all go to topics of worker ``owner`` (slowly, with auto
+        placement): hand it there, so its PUBs are appended where they arrive instead of crossing a ring. owner
+        -1: this worker owns its topics and it was moved here, but publishes fast now: hand it to the least
+        loaded other worker, so busy producers spread (see ARCHITECTURE.md, "Single PUB: cost model")."""
         if s.closed or s.closing_after_flush or s.channel is not None or not s.parser.idle or not s.reading \
                 or s.held:  # a publish of it waits for room in a ring: its OK must come from here
             return
-        self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state})
+        to_owner = owner >= 0
+        if not to_owner:
+            owner = self.control.least_loaded(besides=self.index)
+        elif self.placement == AUTO and not (self._owner_naps.idle[owner]
+                                             and self.control.moved_in(owner) < MOVE_IN_CAP):
+            return  # the owner is busy or has its share of moved producers: stay (the pump asks again later)
+        self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state, "moved_in": to_owner})
 
     def _hand_over(self, s, owner, kind, extra):
         s.flush()
@@ -114,6 +144,9 @@ class Connections:
             s.auth_secret = bytes.fromhex(state["auth_secret"])
         s.common_name = state.get("common_name", "")
         s.stats_extra = state.get("stats_extra")
+        if state.get("moved_in"):
+            s.moved_in = True  # before start: the pump learns it with the fd
+            self.control.add_moved_in(self.index, 1)
         self.sessions[s.conn_id] = s
         self.control.add_connections(self.index, 1)
         s.start()
@@ -135,3 +168,5 @@ class Connections:
     def forget_session(self, s):
         if self.sessions.pop(s.conn_id, None) is not None:
             self.control.add_connections(self.index, -1)
+            if s.moved_in:
+                self.control.add_moved_in(self.index, -1)

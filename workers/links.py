@@ -346,8 +346,9 @@ class LinkSet:
         return self.eventfds[proc]
 
     def wake(self, proc):
-        """After committing records for proc: one eventfd write, only if proc is going to sleep."""
-        self.wakeups.notify(proc)
+        """After committing records for proc: one eventfd write, only if proc is going to sleep (-> True: it
+        was)."""
+        return self.wakeups.notify(proc)
 
     def prepare_sleep(self, proc, still_empty):
         """True when proc may block on its eventfd (its rings stayed empty after it armed the flag)."""

@@ -21,23 +21,30 @@ numba, with libc called directly (``ipc.sysio``):
 * Topic names enter the table only after the Python path validated them (a first PUB of a topic always goes
   through the parser), so the compiled check is a lookup, never a reimplementation of NSQ's name rules. The
   table holds MAX_TOPICS names; past that, further topics simply keep using the parser.
-* With --producer-placement=owner, producers move to their topics' owner: a one-message PUB/MPUB for a topic
-  owned by another worker crosses a ring (the owner appends runs of such records with one call), and a producer
-  whose last MOVE_AFTER one-message commands all went to one other worker is handed there
-  (``Worker.move_producer``, the SUB hand-over). The default (spread) keeps them where the acceptor put them, so
-  every worker shares the socket calls of a hot topic (cost model in ARCHITECTURE.md).
+* Placement (--producer-placement): a one-message PUB/MPUB for a topic owned by another worker crosses a ring
+  (the owner appends runs of such records with one call). ``spread`` keeps producers where the acceptor put
+  them, so every worker shares the socket calls of a hot topic. ``owner`` hands a producer whose last MOVE_AFTER
+  one-message commands all went to one other worker there (``Worker.move_producer``, the SUB hand-over).
+  ``auto`` (the default) hands it there only when those MOVE_AFTER came slowly (at most ``move_in_rate`` a
+  second: it adds little to the owner, and saves each message a process hop); Python then also checks that the
+  owner was asleep for most forwards and is under its cap of moved producers. On the owner, a producer moved
+  in whose MOVE_AFTER one-message commands to the owner's topics came faster than ``move_out_rate`` a second
+  is listed to move out again (to the least loaded other worker): busy producers spread. Cost model in
+  ARCHITECTURE.md.
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
 leaves, so an OK staged for a connection that closed, maybe with its fd reused, is never sent), ``clean``,
 ``busy``, ``last_read`` (time.monotonic() of the last read: the read deadline between commands; the session
 keeps when a partly received command began, see ``workers/session.py``), the publish tally (count and topic of
-the session's current run of lone PUBs, folded into ``Session.pub_counts`` when the topic changes or someone asks)
-and the move streak.
+the session's current run of lone PUBs, folded into ``Session.pub_counts`` when the topic changes or someone asks),
+the move streak (its length, worker and when its current window of MOVE_AFTER began) and ``moved_in`` (the
+producer was moved here because this worker owns its topics).
 
 Resource handling: the epoll fd is the pump's; sockets stay owned by their sessions, which call ``remove``
 before closing or handing one away.
 """
 import select
+import time
 
 import numpy as np
 from numba import njit
@@ -53,6 +60,10 @@ BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets whe
 MAX_EVENTS = 1024
 MAX_STAGED = 8192           # messages one read call may stage (an MPUB that would overflow goes to the parser)
 MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
+SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
+PLACEMENTS = {"spread": SPREAD, "owner": OWNER, "auto": AUTO}
+RATE_IN, RATE_OUT = 0, 1    # auto: a producer moves to its topics' owner at most rates[RATE_IN] one-message
+                            # commands a second, and out again faster than rates[RATE_OUT]
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
@@ -233,16 +244,52 @@ def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, na
 
 
 @njit(cache=True)
-def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, sw, me, topic_owner, streak,
-                     streak_owner, movers):
+def _streak(fd, worker, now, streak, streak_owner, streak_t0):
+    """Count one more one-message command of fd's to topics of ``worker``; -> the seconds its last MOVE_AFTER
+    took when this one completes a window of MOVE_AFTER (the next window starts now), else -1."""
+    if streak_owner[fd] != worker:
+        streak_owner[fd] = worker
+        streak[fd] = 0
+    if streak[fd] == 0:
+        streak_t0[fd] = now
+    streak[fd] += 1
+    if streak[fd] % MOVE_AFTER:
+        return -1.0
+    took = now - streak_t0[fd]
+    streak_t0[fd] = now
+    return took
+
+
+@njit(cache=True)
+def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_t0, moved_in):
+    """After a one-message command of fd's to a topic of worker ``owner``: should the producer move (to the
+    owner, or out of it: Python tells which by ``streak_owner[fd] == me``)? Called again every MOVE_AFTER, so a
+    move that was put off is asked for again."""
+    if owner == me:
+        if mode != AUTO or not moved_in[fd]:
+            streak[fd] = 0
+            return False
+        took = _streak(fd, me, now, streak, streak_owner, streak_t0)
+        return took >= 0 and took * rates[RATE_OUT] < MOVE_AFTER   # faster than that: spread again
+    if mode == SPREAD:
+        return False
+    took = _streak(fd, owner, now, streak, streak_owner, streak_t0)
+    if took < 0:
+        return False
+    return mode == OWNER or took * rates[RATE_IN] >= MOVE_AFTER     # auto: only a slow producer moves in
+
+
+@njit(cache=True)
+def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, sw, me, mode, rates, now,
+                     topic_owner, streak, streak_owner, streak_t0, moved_in, movers):
     """After the staged messages were published: count each in its session's tally and, at the last message of
     each command (ST_LAST), send its OK, unless its connection is gone (gen changed: sent -2), its topic failed
     (failed[topic] FAILED: sent -3) or waits for room in the ring to its owner (PARKED: sent -4, the OK comes
     once it is committed), or output is queued (busy) or the socket took less than the frame (sent -1 / bytes
     sent: Python queues the rest). Messages that are not the last of their command need nothing (sent = the
     frame's size). A session that switched topics has its old tally reported in sw (fd, topic, count) for
-    Python to fold. A session whose last MOVE_AFTER one-message commands all went to topics of one other worker
-    is listed in movers. Returns (tallies reported, OKs needing Python, movers)."""
+    Python to fold. A producer that should move (``move_decision``) is listed in movers. Returns (tallies
+    reported, OKs needing Python, movers)."""
     k = 0
     attention = 0
     m = 0
@@ -269,18 +316,11 @@ def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, 
             tally[fd] += 1
             if not last:
                 continue
-            if st[ST_N, i] == 1:  # a round trip of one message: may move (batches are split by forwarding)
-                owner = topic_owner[t]
-                if owner == me:
-                    streak[fd] = 0
-                else:
-                    if streak_owner[fd] != owner:
-                        streak_owner[fd] = owner
-                        streak[fd] = 0
-                    streak[fd] += 1
-                    if streak[fd] % MOVE_AFTER == 0:  # again every MOVE_AFTER, if a move was put off
-                        movers[m] = fd
-                        m += 1
+            # a round trip of one message may move the producer (batches are split by forwarding)
+            if st[ST_N, i] == 1 and move_decision(fd, topic_owner[t], me, mode, rates, now, streak,
+                                                  streak_owner, streak_t0, moved_in) and m < movers.size:
+                movers[m] = fd
+                m += 1
             if busy[fd]:
                 sent[i] = -1
             else:
@@ -291,11 +331,12 @@ def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, 
 
 
 class Pump:
-    def __init__(self, max_msg_size, me=0, move=True, max_body_size=5 << 20):
+    def __init__(self, max_msg_size, me=0, mode=OWNER, max_body_size=5 << 20, rates=(2000, 5000)):
         self.max_msg = max_msg_size
         self.max_body = max_body_size
         self.me = me
-        self.move = move  # round-trip producers move to their topics' owner (--producer-placement=owner)
+        self.mode = mode  # --producer-placement: SPREAD, OWNER or AUTO
+        self.rates = np.array(rates, np.float64)  # AUTO's move-in and move-out rates (rows RATE_IN, RATE_OUT)
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
         self.buf = np.empty(BUFFER_SIZE, np.uint8)
@@ -320,7 +361,8 @@ class Pump:
 
     _FD_ARRAYS = (("gen", np.int64, 0), ("clean", np.uint8, 0), ("busy", np.uint8, 0),
                   ("last_read", np.float64, 0), ("tally", np.int64, 0), ("tally_topic", np.int64, -1),
-                  ("streak", np.int64, 0), ("streak_owner", np.int64, -1))
+                  ("streak", np.int64, 0), ("streak_owner", np.int64, -1), ("streak_t0", np.float64, 0),
+                  ("moved_in", np.uint8, 0))
 
     def _fd_arrays(self, size):
         """(Re)allocate the per-fd arrays for fds below ``size``, keeping what they held."""
@@ -344,6 +386,7 @@ class Pump:
         self.tally_topic[fd] = -1
         self.streak[fd] = 0
         self.streak_owner[fd] = -1
+        self.moved_in[fd] = 1 if session.moved_in else 0
         self.sessions[fd] = session
         self.ep.register(fd, select.EPOLLIN)
 
@@ -435,7 +478,8 @@ class Pump:
         sent, sw = self.sent[:n], self.sw
         k, attention, m = _settle_and_send(
             st, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic, self.ok_frame, sent, sw, self.me,
-            self.topic_owner, self.streak, self.streak_owner, self.movers)
+            self.mode, self.rates, time.monotonic(), self.topic_owner, self.streak, self.streak_owner, self.streak_t0,
+            self.moved_in, self.movers)
         for fd, t, count in zip(sw[0, :k].tolist(), sw[1, :k].tolist(), sw[2, :k].tolist()):
             counts = self.sessions[fd].pub_counts
             counts[self.topics[t]] = counts.get(self.topics[t], 0) + count
@@ -453,15 +497,17 @@ class Pump:
                     s.write(OK_FRAME[max(int(sent[i]), 0):])
         for t in failed:
             self.failed[t] = 0
-        if m and self.move:
+        if m:
             self._move(self.movers[:m].tolist(), move)
 
     def _move(self, fds, move):
-        """Hand each producer whose last MOVE_AFTER one-message commands all went to one other worker there."""
+        """``move(session, worker)`` for each producer listed by ``move_decision``: worker is the owner of its
+        topics, or -1 to move a producer out of this worker (the owner) to another."""
         for fd in fds:
             s = self.sessions.get(fd)
             if s is not None:
-                move(s, int(self.streak_owner[fd]))
+                owner = int(self.streak_owner[fd])
+                move(s, -1 if owner == self.me else owner)
 
     def close(self):
         self.ep.close()

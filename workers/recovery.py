@@ -106,6 +106,7 @@ class Recovery:
         self.touched.update(self.topics.values())  # set every low-water mark once from the recovered table
         self.log.info(f"worker {self.index}: recovered {len(self.topics)} topics after a restart")
         self.control.set_connections(self.index, 0)
+        self.control.set_moved_in(self.index, 0)  # the producers moved here died with the worker
 
 
     def _recover_deferred(self):

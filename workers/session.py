@@ -76,6 +76,7 @@ class Session(SessionAuth):
         self._linger_timer = None
         self.reading = True
         self.held = False          # a publish waits for room in the ring to its topic's owner: not reading
+        self.moved_in = False      # a producer moved here because this worker owns its topics (auto placement)
         self._held_items = None    # commands parsed after that publish, handled once it is committed
         self._held_bytes = b""     # bytes handed to on_data while held (not from the pump, which stops reading)
         self.writing = False  # the loop watches for room to send the rest of wbuf

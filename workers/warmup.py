@@ -122,6 +122,7 @@ class _Peer:
         self.fd = fd
         self.wbuf = b""
         self.pub_counts = {}
+        self.moved_in = False
         self.data = []
 
     def on_data(self, data):

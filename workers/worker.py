@@ -41,10 +41,10 @@ from nsqpy.protocol.v2_parser import Limits
 from workers.deferred import DeferredStore, ShmChunks
 from workers.durability import Durability
 from workers.forwarding import Forwarding
-from workers.handover import Connections
+from workers.handover import Connections, OwnerNaps
 from workers.loop import Loop
 from workers.persistence import Persistence
-from workers.pump import Pump
+from workers.pump import PLACEMENTS, Pump
 from workers.reclaim import Reclaim
 from workers.registry import Registry
 from workers.recovery import Recovery
@@ -106,8 +106,9 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.touched = set()           # topics whose low-water marks may have moved since the last reclaim pass
         self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
         self._storage_logged = {}
-        self.pump = Pump(self.limits.max_msg_size, index, self.opts.producer_placement == "owner",
-                         self.limits.max_body_size)
+        self.placement = PLACEMENTS[self.opts.producer_placement]
+        self.pump = Pump(self.limits.max_msg_size, index, self.placement, self.limits.max_body_size,
+                         (self.opts.producer_move_in_rate, self.opts.producer_move_out_rate))
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0
@@ -142,6 +143,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self._fwd_batch = None          # (ring data, offsets, lengths, types) of the batch being drained
         self._fwd_files = 0             # large forwarded publishes written (file names)
         self._parked = {}               # owner -> deque of Parked publishes waiting for room in its ring, in order
+        self._owner_naps = OwnerNaps(plan.workers)  # how often forwards found each owner asleep (auto placement)
         self._parked_count = 0
         self._parked_poll = None
         self._parked_logged = 0.0

@@ -218,22 +218,36 @@ class NsqdOptions(DaemonOptions):
                                     "nsqpy only: gunicorn worker class of the HTTP API: asgi (the fastest, "
                                     "benchmarks/results/http_bench.json), sync or gthread (8 threads each)",
                                     nsqpy_only=True)
-    producer_placement: str = option(Choice({"spread": "spread", "owner": "owner"}, "must be spread or owner"),
-                                     "spread",
+    producer_placement: str = option(Choice({"auto": "auto", "spread": "spread", "owner": "owner"},
+                                            "must be auto, spread or owner"),
+                                     "auto",
                                      "nsqpy only: where a producer that sends one message per round trip (PUB, "
                                      "or MPUB of one) is served. spread: where the acceptor put it; a publish to "
                                      "a topic of another worker is forwarded through a ring and the owner "
                                      "appends runs of them with one call, so the socket calls of a hot topic use "
                                      "every worker. owner: once its last 64 went to topics of one other worker, "
                                      "it moves there (least CPU per message, but that worker alone does the "
-                                     "socket calls of all its producers). Measurements and the cost model: "
-                                     "ARCHITECTURE.md", nsqpy_only=True)
+                                     "socket calls of all its producers). auto: as spread, but a producer whose "
+                                     "last 64 went to one other worker at most --producer-move-in-rate a second "
+                                     "moves there while that worker is mostly idle and has fewer than 4 "
+                                     "producers moved to it (its messages skip a process hop: lower latency), "
+                                     "and moves out again above --producer-move-out-rate. Measurements and the "
+                                     "cost model: ARCHITECTURE.md", nsqpy_only=True)
+    producer_move_in_rate: int = option(Int(1, 1 << 30), 2000, "nsqpy only: with --producer-placement=auto, the "
+                                        "most one-message commands a second at which a producer moves to its "
+                                        "topics' owner", nsqpy_only=True)
+    producer_move_out_rate: int = option(Int(1, 1 << 30), 5000, "nsqpy only: with --producer-placement=auto, a "
+                                         "producer moved to its topics' owner moves to the least loaded other "
+                                         "worker above this many one-message commands a second (more than "
+                                         "--producer-move-in-rate)", nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.
         if self.tls_client_auth_policy and self.tls_required == TLSRequired.NOT_REQUIRED:
             self.tls_required = TLSRequired.REQUIRED
         require(bool(self.tls_cert) == bool(self.tls_key), "-tls-cert and -tls-key must be given together")
+        require(self.producer_move_in_rate < self.producer_move_out_rate,
+                "--producer-move-in-rate must be less than --producer-move-out-rate")
         require(self.tls_required == TLSRequired.NOT_REQUIRED or bool(self.tls_cert),
                 "cannot require TLS client connections (-tls-required, -tls-client-auth-policy) "
                 "without -tls-cert and -tls-key")

@@ -1,11 +1,13 @@
 """The pump (workers/pump.py): lone PUBs read, published and answered in compiled code, and round-trip producers
-moved to their topic's owner. The compiled recogniser is checked against the parser, the reference for every
+moved to their topic's owner (always, or with auto placement only slow ones, and back out when they speed up).
+The compiled recogniser is checked against the parser, the reference for every
 rule; the rest over real sockets against a real broker: OKs only after the messages are in, per-producer order
 kept across a move, a full topic refused through the fast path."""
 import re
 import struct
 import threading
 import time
+import types
 import zlib
 
 import numpy as np
@@ -15,7 +17,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
-from workers.pump import MOVE_AFTER, Pump, find_topic, lone_mpub_line, lone_pub_line
+from workers.handover import MOVE_IN_CAP, NAP_WINDOW, Connections, OwnerNaps
+from workers.pump import (AUTO, MOVE_AFTER, OWNER, SPREAD, Pump, find_topic, lone_mpub_line, lone_pub_line,
+                          move_decision)
+from workers.records import owner_of
 from wire import Conn, consumer, unique
 
 LIMITS = Limits(max_msg_size=64)
@@ -85,7 +90,8 @@ def classify_mpub(pump, data):
     return pump.topics[t], bodies
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.one_of(pub_like(), st.builds(C.pub, st.sampled_from(KNOWN), st.binary(min_size=1, max_size=64)),
                  st.binary(max_size=120)))
 def test_compiled_recogniser_agrees_with_the_parser(table, data):
@@ -95,7 +101,8 @@ def test_compiled_recogniser_agrees_with_the_parser(table, data):
         assert parser.feed(data) == [Pub(*staged)]
 
 
-@settings(max_examples=400, deadline=None, suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
+@settings(max_examples=400, deadline=None,
+          suppress_health_check=[HealthCheck.too_slow, HealthCheck.function_scoped_fixture])
 @given(st.one_of(mpub_like(), st.builds(C.mpub, st.sampled_from(KNOWN),
                                         st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=5))))
 def test_compiled_mpub_recogniser_agrees_with_the_parser(table, data):
@@ -219,7 +226,7 @@ def test_per_fd_state_grows_with_the_fd_numbers_and_keeps_what_it_held():
     a, b = socket.socketpair()
     try:
         class Peer:
-            fd, wbuf, pub_counts = a.fileno(), b"", {}
+            fd, wbuf, pub_counts, moved_in = a.fileno(), b"", {}, False
         pump.add(Peer, 12.5)
         pump.gen[7], pump.clean[7], pump.tally_topic[7] = 3, 1, 2
         size = pump.gen.size
@@ -266,4 +273,165 @@ def test_a_full_topic_does_not_hold_up_other_topics(nsqd_factory):
     with consumer(nsqd.address, a, "ch", rdy=100) as c:
         for _ in range(oks):
             c.send(C.fin(c.read_message().id))
+        c.expect_no_frame(within=0.3)
+
+
+def asks_to_move(mode, owner, times, me=0, moved_in=False, rates=(2000, 5000)):
+    """move_decision for one producer (fd 3) whose one-message commands went to topics of worker ``owner`` at
+    ``times`` (seconds): the indices of the commands after which it asked to move."""
+    streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
+    streak_t0, moved = np.zeros(8), np.zeros(8, np.uint8)
+    moved[3] = moved_in
+    r = np.array(rates, np.float64)
+    return [i for i, now in enumerate(times)
+            if move_decision(3, owner, me, mode, r, now, streak, streak_owner, streak_t0, moved)]
+
+
+SLOW = [i * 0.001 for i in range(3 * MOVE_AFTER)]    # 1,000 a second
+FAST = [i * 0.0001 for i in range(3 * MOVE_AFTER)]   # 10,000 a second
+EVERY_WINDOW = [MOVE_AFTER - 1, 2 * MOVE_AFTER - 1, 3 * MOVE_AFTER - 1]
+
+
+def test_placement_decisions_by_mode_and_rate():
+    """spread never moves; owner moves after every MOVE_AFTER commands to one other worker, however fast; auto
+    only when they came at most at the move-in rate; a producer moved to the owner asks to move out once a window
+    came faster than the move-out rate (and one that was not moved there never does)."""
+    assert asks_to_move(SPREAD, 1, SLOW) == []
+    assert asks_to_move(OWNER, 1, FAST) == EVERY_WINDOW
+    assert asks_to_move(AUTO, 1, FAST) == []
+    assert asks_to_move(AUTO, 1, SLOW) == EVERY_WINDOW
+    assert asks_to_move(AUTO, 1, SLOW, rates=(900, 5000)) == []  # 1,000 a second is above a 900 move-in rate
+    assert asks_to_move(AUTO, 0, FAST, moved_in=True) == EVERY_WINDOW  # on the owner: out again
+    assert asks_to_move(AUTO, 0, SLOW, moved_in=True) == []
+    assert asks_to_move(AUTO, 0, FAST) == []            # accepted here: never moved out
+    assert asks_to_move(OWNER, 0, FAST, moved_in=True) == []  # owner placement keeps them
+
+
+def test_a_streak_counts_one_other_worker_and_each_window_is_timed_alone():
+    """Commands to a second worker's topics restart the streak; after a fast window a slow one still moves."""
+    streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
+    streak_t0, moved, rates = np.zeros(8), np.zeros(8, np.uint8), np.array([2000.0, 5000.0])
+    asked = []
+    for i in range(MOVE_AFTER - 1):  # slow, but then one to worker 2
+        asked.append(move_decision(3, 1, 0, AUTO, rates, i * 0.001, streak, streak_owner, streak_t0, moved))
+    asked.append(move_decision(3, 2, 0, AUTO, rates, 0.07, streak, streak_owner, streak_t0, moved))
+    assert not any(asked) and streak[3] == 1 and streak_owner[3] == 2
+    times = [0.07 + i * 0.0001 for i in range(1, MOVE_AFTER)] + [0.08 + i * 0.001 for i in range(MOVE_AFTER)]
+    asked = [move_decision(3, 2, 0, AUTO, rates, now, streak, streak_owner, streak_t0, moved) for now in times]
+    assert [i for i, a in enumerate(asked) if a] == [2 * MOVE_AFTER - 2]  # the second, slow window
+
+
+def test_owner_naps_judge_each_full_window_of_forwards():
+    naps = OwnerNaps(2)
+    for k in range(NAP_WINDOW):
+        naps.saw(1, k < NAP_WINDOW // 2)  # half of them woke it
+    assert naps.idle == [False, True]
+    for k in range(NAP_WINDOW - 1):
+        naps.saw(1, False)
+    assert naps.idle[1]  # judged once the window is full
+    naps.saw(1, True)
+    assert not naps.idle[1]
+
+
+class _Control:
+    def __init__(self, moved_in):
+        self._moved_in = moved_in
+
+    def moved_in(self, w):
+        return self._moved_in
+
+    def least_loaded(self, besides=None):
+        return 2 if besides != 2 else 0
+
+
+class _Mover:
+    """Just what ``Connections.move_producer`` uses of a worker."""
+    move_producer = Connections.move_producer
+
+    def __init__(self, placement, idle=True, moved_in=0):
+        self.index, self.placement, self.control = 0, placement, _Control(moved_in)
+        self._owner_naps = OwnerNaps(3)
+        self._owner_naps.idle[1] = idle
+        self.handed = []
+
+    def _hand_over(self, s, owner, kind, extra):
+        self.handed.append((owner, extra["moved_in"]))
+
+
+def _producer(**state):
+    fields = dict(closed=False, closing_after_flush=False, channel=None, reading=True, held=False,
+                  parser=types.SimpleNamespace(idle=True, state=1))
+    return types.SimpleNamespace(**{**fields, **state})
+
+
+@pytest.mark.parametrize("placement,idle,moved_in,handed", [
+    (AUTO, True, 0, [(1, True)]),
+    (AUTO, False, 0, []),                    # the owner was awake for most forwards: busy, stay
+    (AUTO, True, MOVE_IN_CAP, []),           # it has its share of moved producers
+    (AUTO, True, MOVE_IN_CAP - 1, [(1, True)]),
+    (OWNER, False, MOVE_IN_CAP, [(1, True)]),  # owner placement: always
+])
+def test_move_in_needs_an_idle_owner_under_its_cap(placement, idle, moved_in, handed):
+    w = _Mover(placement, idle, moved_in)
+    w.move_producer(_producer(), 1)
+    assert w.handed == handed
+
+
+def test_move_out_goes_to_the_least_loaded_other_worker_and_busy_sessions_stay():
+    w = _Mover(AUTO)
+    w.move_producer(_producer(), -1)
+    assert w.handed == [(2, False)]
+    for state in ({"held": True}, {"closed": True}, {"reading": False}, {"channel": object()}):
+        w.move_producer(_producer(**state), 1)
+    assert w.handed == [(2, False)]
+
+
+def test_auto_placement_moves_a_slow_producer_to_the_owner_and_a_fast_one_out(nsqd_factory):
+    """Real broker, 2 workers, auto placement with low rates (in <= 200/s, out > 400/s): producers publishing
+    lone PUBs every 10 ms move to the topic's owner; once they publish as fast as they can, the owner hands them
+    to the other worker again. Every message arrives once, each producer's in order, across both moves."""
+    nsqd = nsqd_factory("--log-level=debug", "--producer-move-in-rate=200", "--producer-move-out-rate=400")
+    topic = unique()
+    owner = owner_of(topic, 2)
+    conns = [Conn(nsqd.address) for _ in range(4)]
+    for i, c in enumerate(conns):
+        c.publish(topic, f"{i}:first".encode())  # teaches the parser (and so the pump) the topic
+    sent = {i: 0 for i in range(len(conns))}
+    errors = []
+
+    def publish(i, c, count, gap):
+        try:
+            for _ in range(count):
+                c.send(C.pub(topic, f"{i}:{sent[i]}".encode()))
+                c.expect_response(b"OK")
+                sent[i] += 1
+                if gap:
+                    time.sleep(gap)  # pacing: this is the slow producer being tested, not a wait for state
+        except Exception as e:  # reported below; a thread cannot fail the test itself
+            errors.append(e)
+
+    def phase(count, gap):
+        threads = [threading.Thread(target=publish, args=(i, c, count, gap)) for i, c in enumerate(conns)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join(120)
+        assert not errors, errors
+
+    phase(MOVE_AFTER + 1, 0.01)
+    nsqd.wait_for_line(re.compile(rf"worker {1 - owner}: handed producer .* to worker {owner}"), timeout=30)
+    phase(3 * MOVE_AFTER, 0)
+    nsqd.wait_for_line(re.compile(rf"worker {owner}: handed producer .* to worker {1 - owner}"), timeout=30)
+    for c in conns:
+        c.close()
+    with consumer(nsqd.address, topic, "ch", rdy=2500) as c:
+        seen = {}
+        for _ in range(sum(sent.values()) + len(conns)):
+            m = c.read_message()
+            c.send(C.fin(m.id))
+            i, k = m.body.decode().split(":")
+            seen.setdefault(int(i), []).append(k)
+        for i, ks in seen.items():
+            assert ks == ["first"] + [str(k) for k in range(sent[i])], f"producer {i} out of order"
+        assert sorted(seen) == list(range(len(conns)))
         c.expect_no_frame(within=0.3)
