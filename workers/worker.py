@@ -28,6 +28,7 @@ each topic's log, recovers its in-flight table and requeues everything that was 
 connections (their clients are gone), tells the scanner to reset its heap, and rebuilds the deferred store's
 due-time heap from its entries (``workers/recovery.py``).
 """
+import gc
 import os
 import signal
 import time
@@ -176,6 +177,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             self.loop.keep_on_error(fd)
         self.loop.add_idle(self._idle)
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
+        gc.collect()
+        gc.freeze()  # start-up's objects (modules, numba's dispatchers) leave the collector's passes for good
         os.write(ready_fd, b"w")
         self.loop.run()
 
