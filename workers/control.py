@@ -1,4 +1,4 @@
-"""The broker's control block: a few shared words per process, each with exactly one writer.
+"""The broker's control block: a few shared words per process, each with one writer (one exception below).
 
 Layout (int64 words after the common header line, one LINE per process so writers never share a cache line):
 
@@ -8,7 +8,9 @@ Layout (int64 words after the common header line, one LINE per process so writer
                     its suspect words (what it is doing, for its replacement: workers/suspects.py), then its
                     quiesced flag (shutdown: it takes no more publishes, see Worker.stop) and the time of its
                     last failure to store messages (nsqpy/broker/health.py), then the producers other workers
-                    moved to it (--producer-placement=auto: they check it against the cap before moving one)
+                    moved to it (--producer-placement=auto; the one word with several writers: a sender adds one
+                    when it hands a producer over, worker w subtracts one when such a session leaves, both with
+                    an atomic add, and a replacement of w resets it)
     then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
 
 The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop

@@ -103,7 +103,11 @@ class Connections:
         elif self.placement == AUTO and not (self._owner_naps.idle[owner]
                                              and self.control.moved_in(owner) < MOVE_IN_CAP):
             return  # the owner is busy or has its share of moved producers: stay (the pump asks again later)
-        self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state, "moved_in": to_owner})
+        if to_owner:
+            self.control.add_moved_in(owner, 1)  # counted now, so one batch of movers cannot overshoot the cap
+        if not self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state, "moved_in": to_owner}) \
+                and to_owner:
+            self.control.add_moved_in(owner, -1)
 
     def _hand_over(self, s, owner, kind, extra):
         s.flush()
@@ -121,11 +125,12 @@ class Connections:
         except Exception as e:
             self.log.error(f"could not hand {s.remote_text} to worker {owner}: {e}")
             s.close()
-            return
+            return False
         s.detach()
         s.sock.close()
         role = "subscriber" if kind == MOVED_SUBSCRIBER else "producer"
         self.log.debug(f"worker {self.index}: handed {role} {s.remote_text} to worker {owner}")
+        return True
 
     def _moved_session(self, sock, remote, kind, blob):
         state = json.loads(blob)
@@ -145,8 +150,7 @@ class Connections:
         s.common_name = state.get("common_name", "")
         s.stats_extra = state.get("stats_extra")
         if state.get("moved_in"):
-            s.moved_in = True  # before start: the pump learns it with the fd
-            self.control.add_moved_in(self.index, 1)
+            s.moved_in = True  # before start: the pump learns it with the fd (the sender counted it already)
         self.sessions[s.conn_id] = s
         self.control.add_connections(self.index, 1)
         s.start()

@@ -340,6 +340,9 @@ class _Control:
     def moved_in(self, w):
         return self._moved_in
 
+    def add_moved_in(self, w, delta):
+        self._moved_in += delta
+
     def least_loaded(self, besides=None):
         return 2 if besides != 2 else 0
 
@@ -348,14 +351,18 @@ class _Mover:
     """Just what ``Connections.move_producer`` uses of a worker."""
     move_producer = Connections.move_producer
 
-    def __init__(self, placement, idle=True, moved_in=0):
+    def __init__(self, placement, idle=True, moved_in=0, fail=False):
         self.index, self.placement, self.control = 0, placement, _Control(moved_in)
         self._owner_naps = OwnerNaps(3)
         self._owner_naps.idle[1] = idle
+        self.fail = fail
         self.handed = []
 
     def _hand_over(self, s, owner, kind, extra):
+        if self.fail:
+            return False
         self.handed.append((owner, extra["moved_in"]))
+        return True
 
 
 def _producer(**state):
@@ -375,6 +382,18 @@ def test_move_in_needs_an_idle_owner_under_its_cap(placement, idle, moved_in, ha
     w = _Mover(placement, idle, moved_in)
     w.move_producer(_producer(), 1)
     assert w.handed == handed
+
+
+def test_one_batch_of_movers_stops_at_the_cap_and_a_failed_hand_over_gives_its_place_back():
+    """The sender counts a moved producer when it hands it over (the owner takes it later), so six slow producers
+    asking in one loop iteration move only up to the cap."""
+    w = _Mover(AUTO)
+    for _ in range(MOVE_IN_CAP + 2):
+        w.move_producer(_producer(), 1)
+    assert w.handed == [(1, True)] * MOVE_IN_CAP and w.control.moved_in(1) == MOVE_IN_CAP
+    failing = _Mover(AUTO, fail=True)
+    failing.move_producer(_producer(), 1)
+    assert failing.control.moved_in(1) == 0
 
 
 def test_move_out_goes_to_the_least_loaded_other_worker_and_busy_sessions_stay():
