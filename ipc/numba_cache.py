@@ -10,8 +10,11 @@ read-only (a system install). So every kernel module of ours imports ``ipc`` fir
     $XDG_CACHE_HOME/nsqpy/<nsqpy version>-py<major.minor>-numba<version>-<hash of our kernel sources>
 
 (``~/.cache`` when XDG_CACHE_HOME is unset). The hash covers every ``*.py`` file that mentions numba under the
-source roots (``ipc/`` and its sibling ``nsqpy/``), so any kernel edit starts a fresh directory instead of
-reusing stale code. If that directory cannot be created or written, a per-user directory under the system temp
+source roots (``ipc/`` and its siblings ``nsqpy/`` and ``workers/``), so any kernel edit starts a fresh directory
+instead of reusing stale code, and the directory the code lives in: numba files each kernel under its source
+file's full path, so a second checkout or virtualenv of the same version finds nothing of the first one's in a
+shared directory, and ``workers/warmup.py``'s "warm-up done" mark there would make its first start compile every
+kernel serially, without the line that says so. If that directory cannot be created or written, a per-user directory under the system temp
 dir is tried; if that fails too, ``CACHE_ENABLED`` is False and ``CACHE_DIR`` None: kernels written as
 ``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while ``cache=True`` kernels keep working through
 the temp-dir fallback, which only a machine without any writable directory lacks.
@@ -36,11 +39,13 @@ KERNEL_CACHE: bool = False
 
 def source_roots() -> list[Path]:
     here = Path(__file__).resolve().parent
-    return [p for p in (here, here.parent / "nsqpy") if p.is_dir()]
+    return [p for p in (here, here.parent / "nsqpy", here.parent / "workers") if p.is_dir()]
 
 
 def _sources_hash(roots) -> str:
     digest = hashlib.blake2b(digest_size=6)
+    for root in roots:
+        digest.update(str(root).encode() + b"\0")
     for root in roots:
         for path in sorted(root.rglob("*.py")):
             try:

@@ -50,3 +50,23 @@ def test_read_only_cache_home_falls_back_to_a_per_user_temp_dir(tmp_path):
 def test_an_explicit_numba_cache_dir_wins(tmp_path):
     chosen, numba_sees, _ = probe(tmp_path, NUMBA_CACHE_DIR=str(tmp_path / "mine"))
     assert chosen == numba_sees == str(tmp_path / "mine")
+
+
+def _tree(base, kernel_text):
+    for sub in ("ipc", "workers"):
+        (base / sub).mkdir(parents=True)
+    (base / "ipc" / "ring.py").write_text("from numba import njit\n")
+    (base / "workers" / "pump.py").write_text(kernel_text)
+    return [base / "ipc", base / "workers"]
+
+
+def test_the_directory_changes_with_a_kernel_edit_and_with_the_code_location(tmp_path):
+    from ipc.numba_cache import _sources_hash, source_roots
+    assert {p.name for p in source_roots()} == {"ipc", "nsqpy", "workers"}
+    a = _sources_hash(_tree(tmp_path / "a", "import numba\nK = 1\n"))
+    assert a == _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"])  # stable for one tree
+    (tmp_path / "a" / "workers" / "pump.py").write_text("import numba\nK = 2\n")
+    assert _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"]) != a  # a kernel edit in workers/
+    # the same sources elsewhere (another checkout or venv): numba's entries there are keyed by their own paths
+    b = _sources_hash(_tree(tmp_path / "b", "import numba\nK = 1\n"))
+    assert b != a
