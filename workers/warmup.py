@@ -16,7 +16,7 @@ from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
 from ipc.ring import Ring
 from ipc.shm import Segment, unlink_name
 from ipc import statrows
-from ipc.wake import Wakeups
+from ipc.wake import Wakeups, wake_check
 from workers.links import Pending
 from nsqpy.protocol import client as enc
 from nsqpy.protocol.ids import IdGenerator
@@ -32,7 +32,9 @@ ID = b"0123456789abcdef"
 def _protocol():
     stream = (b"  V2" + enc.sub("t", "c") + enc.rdy(5) + enc.rdy(6) + enc.fin(ID) + enc.fin(ID) + enc.fin(ID)
               + enc.req(ID, 0) + enc.touch(ID) + enc.nop())
-    V2Parser(stop_after_sub=True).feed(stream)
+    sub = V2Parser(stop_after_sub=True)
+    sub.feed(stream)
+    sub.feed(b"")  # the FINs after the SUB: the batched FIN kernel (fin_run)
     V2Parser(expect_magic=False).feed(enc.mpub("t", [b"a", b"bc"]) + enc.pub("t", b"x") + enc.dpub("t", 5, b"y"))
     IdGenerator(1).next_ids(4, time.time_ns())
 
@@ -41,6 +43,7 @@ def _rings():
     buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
     ring = Ring.create(buf, 0, 1 << 12)
     ring.write(b"abc", 1)
+    ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)  # writable payloads too (a forward's packing buffer)
     ring.can_claim(3)
     Pending(buf, [ring.ctl]).which()
     ring.read_batch(16)
@@ -49,7 +52,7 @@ def _rings():
     ring.free()
     wake = Wakeups.create(bytearray(Wakeups.size_for(1)), 0, [-1])
     wake.prepare_sleep(0, lambda: True)
-    wake.notify(0) if False else None
+    wake_check(wake.flags, 0)  # notify's test (notify itself would write to the eventfd, -1 here)
 
 
 def _timers():
@@ -85,6 +88,7 @@ def _inflight():
     K.generations(table, slots[1:])
     K.low_water(table.slots, np.full(4, 1 << 62, np.int64))
     K.slots_of_channel(table.slots, 1, np.empty(4, np.int64))
+    K.waiting_positions(table.slots, slots[1:], np.empty(2, np.int64))
     table.recover()
 
 
@@ -97,9 +101,12 @@ def _log(prefix):
         ch = log.open_channel()
         src = np.frombuffer(b"hello world", np.uint8)
         n = 2
-        log.append_batch(src, np.array([0, 6], np.int64), np.array([5, 5], np.int64), np.zeros(n, np.int64),
-                         np.array([1, 2], np.int64), None)
+        for body in (src, src.copy()):  # read-only (a client's bytes) and writable (the pump's, a ring's) sources
+            log.append_batch(body, np.array([0, 6], np.int64), np.array([5, 5], np.int64), np.zeros(n, np.int64),
+                             np.array([1, 2], np.int64), None)
         b = log.read(ch, 8, 1 << 20)
+        log.records_at(b.positions[:1])
+        log.cursor(ch)
         log.write_frames(np.empty(1024, np.uint8), 0, b.positions[:b.n], b.attempts[:b.n] + 1)
         log.advance(ch, b.next_position)
         log.copy_forward(ch, b.positions[:1], 1)

@@ -1,0 +1,51 @@
+"""A first start (empty numba cache) compiles every kernel of the hot paths before nsqd says it listens.
+
+A kernel signature the warm-up (``workers/warmup.py``) misses compiles inside a worker the first time a client
+takes that path: a stall of a few hundred milliseconds for every connection of that worker (the first second of
+a latency run once measured 1 s at p99). numba writes each compiled signature to its cache directory at once, so
+a file appearing there while clients publish, consume, FIN, REQ, TOUCH and read /stats is a signature the
+warm-up lacks. Each reply below is the sync point: the kernel that served it was compiled (and saved) before it.
+"""
+import json
+import urllib.request
+from pathlib import Path
+
+from nsqpy.protocol import client as C
+from wire import Conn, consumer, unique, warm_up
+
+
+def _compiled(cache_home):
+    return {str(p.relative_to(cache_home)) for p in Path(cache_home).rglob("*.nbc")}
+
+
+def _fin_batch(address):
+    """Two FINs in one read: the batched FIN kernel. Single PUBs from two connections: the pump, the forward
+    to the topic's owner from whichever worker does not own it, and the owner's append of forwarded runs."""
+    topic = unique()
+    c = consumer(address, topic, "ch", rdy=4)
+    with c, Conn(address) as p1, Conn(address) as p2:
+        for p in (p1, p2, p1, p2):
+            p.send(C.pub(topic, b"m"))
+            p.expect_response(b"OK")
+        msgs = c.read_messages(4)
+        c.send(b"".join(C.fin(m.id) for m in msgs))
+        with Conn(address) as sync:  # FINs carry no reply: a later command's reply on the consumer is the sync
+            sync.send(C.pub(topic, b"last"))
+            sync.expect_response(b"OK")
+        assert [m.body for m in c.read_messages(1)] == [b"last"]
+
+
+def test_no_kernel_compiles_after_listening(nsqd_factory, tmp_path, monkeypatch):
+    cache_home = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    nsqd = nsqd_factory()
+    assert "compiling the broker's kernels" in nsqd.output()  # a first start says so
+    before = _compiled(cache_home)
+    assert before  # the warm-up filled the cache
+    warm_up(nsqd.address, topics=4)  # PUB, MPUB, DPUB, SUB, RDY, FIN, REQ, TOUCH on every worker
+    _fin_batch(nsqd.address)
+    host, port = nsqd.http_address
+    with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json", timeout=60) as r:
+        assert json.load(r)["topics"]
+    assert sorted(_compiled(cache_home) - before) == []
