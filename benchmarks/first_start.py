@@ -6,6 +6,10 @@ and on later starts (loaded from the cache), optionally next to another checkout
 Each start gets a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py) and a fresh data path; the
 time is from exec to the `TCP: listening on` line. Checkouts alternate within a round, so a drift in the
 machine's load hits both alike. Prints one JSON line (commit, cores, command).
+
+PYTHONDONTWRITEBYTECODE is removed from the started nsqd's environment (this workplace's shells set it): with it,
+every start compiles our modules' source again, which no installed nsqd does (pip writes the .pyc files of an
+install; an editable checkout writes them on its first start), so the warm figure would not be an operator's.
 """
 import argparse
 import os
@@ -25,6 +29,7 @@ def start_time(checkout, cache_home, workers):
     data = tempfile.mkdtemp(prefix="nsqpy-first-")
     env = dict(os.environ, XDG_CACHE_HOME=cache_home, PYTHONUNBUFFERED="1")
     env.pop("NUMBA_CACHE_DIR", None)
+    env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module docstring
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
                              f"--data-path={data}", f"--workers={workers}"], cwd=checkout, env=env,
