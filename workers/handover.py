@@ -65,8 +65,9 @@ class Connections:
                 else:
                     sock.setsockopt(socket.IPPROTO_TCP, socket.TCP_NODELAY, 1)
                     remote = sock.getpeername()[:2]
-            except OSError:
+            except OSError:  # the client left before we took it
                 sock.close()
+                self._lost_hand_over(msg.kind, msg.blob)
                 continue
             if msg.kind == NEW_CONNECTION:
                 self._new_session(sock, remote, msg.blob)
@@ -131,6 +132,18 @@ class Connections:
         role = "subscriber" if kind == MOVED_SUBSCRIBER else "producer"
         self.log.debug(f"worker {self.index}: handed {role} {s.remote_text} to worker {owner}")
         return True
+
+    def _lost_hand_over(self, kind, blob):
+        """A producer moved here as its topics' owner that is gone before this worker took it: give its place under
+        MOVE_IN_CAP back (its sender counted it at the hand-over; forget_session would have, had it arrived)."""
+        if kind != MOVED_PRODUCER:
+            return
+        try:
+            moved = json.loads(blob).get("moved_in")
+        except ValueError:
+            return
+        if moved:
+            self.control.add_moved_in(self.index, -1)
 
     def _moved_session(self, sock, remote, kind, blob):
         state = json.loads(blob)

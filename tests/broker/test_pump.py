@@ -3,6 +3,7 @@ moved to their topic's owner (always, or with auto placement only slow ones, and
 The compiled recogniser is checked against the parser, the reference for every
 rule; the rest over real sockets against a real broker: OKs only after the messages are in, per-producer order
 kept across a move, a full topic refused through the fast path."""
+import json
 import re
 import struct
 import threading
@@ -17,7 +18,7 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
-from workers.handover import MOVE_IN_CAP, NAP_WINDOW, Connections, OwnerNaps
+from workers.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
 from workers.pump import (AUTO, MOVE_AFTER, OWNER, SPREAD, Pump, find_topic, lone_mpub_line, lone_pub_line,
                           move_decision)
 from workers.records import owner_of
@@ -350,6 +351,7 @@ class _Control:
 class _Mover:
     """Just what ``Connections.move_producer`` uses of a worker."""
     move_producer = Connections.move_producer
+    _lost_hand_over = Connections._lost_hand_over
 
     def __init__(self, placement, idle=True, moved_in=0, fail=False):
         self.index, self.placement, self.control = 0, placement, _Control(moved_in)
@@ -394,6 +396,18 @@ def test_one_batch_of_movers_stops_at_the_cap_and_a_failed_hand_over_gives_its_p
     failing = _Mover(AUTO, fail=True)
     failing.move_producer(_producer(), 1)
     assert failing.control.moved_in(1) == 0
+
+
+def test_a_moved_producer_gone_before_the_owner_takes_it_gives_its_place_back():
+    """The owner cannot take a moved producer whose client already left (its socket has no peer): the place its
+    sender counted under the cap is returned; a subscriber or a producer moved out counts nothing."""
+    owner = _Mover(AUTO, moved_in=2)
+    owner._lost_hand_over(MOVED_PRODUCER, json.dumps({"moved_in": True}).encode())
+    assert owner.control.moved_in(0) == 1
+    owner._lost_hand_over(MOVED_PRODUCER, json.dumps({"moved_in": False}).encode())
+    owner._lost_hand_over(MOVED_SUBSCRIBER, json.dumps({"moved_in": True}).encode())
+    owner._lost_hand_over(MOVED_PRODUCER, b"not json")
+    assert owner.control.moved_in(0) == 1
 
 
 def test_move_out_goes_to_the_least_loaded_other_worker_and_busy_sessions_stay():
