@@ -14,10 +14,10 @@ source roots (``ipc/`` and its siblings ``nsqpy/`` and ``workers/``), so any ker
 instead of reusing stale code, and the directory the code lives in: numba files each kernel under its source
 file's full path, so a second checkout or virtualenv of the same version finds nothing of the first one's in a
 shared directory, and ``workers/warmup.py``'s "warm-up done" mark there would make its first start compile every
-kernel serially, without the line that says so. If that directory cannot be created or written, a per-user directory under the system temp
-dir is tried; if that fails too, ``CACHE_ENABLED`` is False and ``CACHE_DIR`` None: kernels written as
-``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while ``cache=True`` kernels keep working through
-the temp-dir fallback, which only a machine without any writable directory lacks.
+kernel serially, without the line that says so. If that directory cannot be created or written, a per-user
+directory under the system temp dir is tried; if that fails too, ``CACHE_ENABLED`` is False and ``CACHE_DIR``
+None: kernels written as ``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while ``cache=True``
+kernels keep working through the temp-dir fallback, which only a machine without any writable directory lacks.
 
 An explicit ``NUMBA_CACHE_DIR`` in the environment wins (an operator's choice); this is the one place below an
 entry point that reads the environment, because numba itself reads it at import time.
@@ -45,8 +45,7 @@ def source_roots() -> list[Path]:
 def _sources_hash(roots) -> str:
     digest = hashlib.blake2b(digest_size=6)
     for root in roots:
-        digest.update(str(root).encode() + b"\0")
-    for root in roots:
+        digest.update(str(root).encode() + b"\0")  # the code's location: numba keys its entries by full path
         for path in sorted(root.rglob("*.py")):
             try:
                 text = path.read_bytes()
