@@ -1,6 +1,6 @@
 """The few libc calls that compiled network loops make (the broker's producer pump, `benchmarks.fast_writer`,
 `benchmarks.fast_sink`), callable from numba nopython code: sockets (send, recv, accept4, setsockopt, close),
-epoll, errno and the monotonic clock.
+epoll, eventfd writes, errno and the clocks.
 
 Theory of operation
 -------------------
@@ -40,6 +40,7 @@ EPOLL_CLOEXEC = SOCK_CLOEXEC = 0o2000000
 SOCK_NONBLOCK = 0o4000
 MSG_NOSIGNAL = 0x4000
 IPPROTO_TCP, TCP_NODELAY = 6, 1
+CLOCK_REALTIME = 0           # what time.time_ns() reads: message timestamps
 CLOCK_MONOTONIC = 1          # what time.monotonic() reads, so a stop time computed in Python compares directly
 EVENT_SIZE = 12
 
@@ -61,6 +62,7 @@ epoll_create1 = _extern("epoll_create1", _int, _int)
 epoll_ctl = _extern("epoll_ctl", _int, _int, _int, _int, _ptr)
 epoll_wait = _extern("epoll_wait", _int, _int, _ptr, _int, _int)
 clock_gettime = _extern("clock_gettime", _int, _int, _ptr)
+write = _extern("write", ctypes.c_ssize_t, _int, _ptr, _size)
 _errno_location = _extern("__errno_location", ctypes.POINTER(ctypes.c_int))
 
 
@@ -85,6 +87,21 @@ def monotonic() -> float:
     ts = np.zeros(2, np.int64)   # struct timespec {tv_sec, tv_nsec}
     clock_gettime(CLOCK_MONOTONIC, ts.ctypes.data)
     return ts[0] + ts[1] * 1e-9
+
+
+@njit(int64(), cache=True)
+def realtime_ns() -> int:
+    """CLOCK_REALTIME in nanoseconds: Python's time.time_ns()."""
+    ts = np.zeros(2, np.int64)
+    clock_gettime(CLOCK_REALTIME, ts.ctypes.data)
+    return ts[0] * 1_000_000_000 + ts[1]
+
+
+@njit(int64(int64), cache=True)
+def eventfd_signal(fd: int) -> int:
+    """Add 1 to an eventfd (os.eventfd_write(fd, 1)): 8 on success, -1 on an error (a full counter: EAGAIN)."""
+    one = np.ones(1, np.int64)
+    return write(fd, one.ctypes.data, 8)
 
 
 @njit(BYTES(int64), cache=True)

@@ -111,6 +111,10 @@ class Control:
         elif int(self.w[i]) == _FULL_MARK | crc:
             py_store_release(self.w, i, 0)
 
+    def full_word(self, w, crc):
+        """(index into ``self.w``, value it holds while the topic is full): ``topic_full`` for compiled code."""
+        return self._full_slot(w, crc), _FULL_MARK | crc
+
     def topic_full(self, w, crc):
         return int(self.w[self._full_slot(w, crc)]) == _FULL_MARK | crc  # a stale answer costs one publish
 

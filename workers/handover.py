@@ -10,6 +10,9 @@ uses (sessions, pump, plan, control).
 import json
 import socket
 
+import numpy as np
+from numba import njit
+
 from ipc.fdpass import PeerGone
 from workers.auth import AuthState
 from nsqpy.protocol.errors import ProtocolError
@@ -23,25 +26,34 @@ from workers.session import Session
 NEW_CONNECTION, MOVED_SUBSCRIBER, MOVED_PRODUCER = 1, 2, 3
 MOVE_IN_CAP = 4   # auto placement: producers other workers may move to one owner (it counts them in the control block)
 NAP_WINDOW = 64   # forwards to an owner per look at how many of them found it asleep
+NAPS_FORWARDS, NAPS_WOKE, NAPS_IDLE = range(3)  # rows of OwnerNaps.naps
+
+
+@njit(cache=True)
+def owner_nap(naps, owner, woke):
+    """One forward to ``owner`` (``woke``: it had to be woken) in ``OwnerNaps.naps``; shared by the Python path and
+    the compiled forward lane (workers/fastlane.py)."""
+    naps[NAPS_WOKE, owner] += woke
+    naps[NAPS_FORWARDS, owner] += 1
+    if naps[NAPS_FORWARDS, owner] == NAP_WINDOW:
+        naps[NAPS_IDLE, owner] = 1 if 2 * naps[NAPS_WOKE, owner] >= NAP_WINDOW else 0
+        naps[NAPS_FORWARDS, owner] = 0
+        naps[NAPS_WOKE, owner] = 0
 
 
 class OwnerNaps:
     """Whether each owner had idle time lately: of the last full window of NAP_WINDOW forwards to it, how many had
     to wake it (it was asleep: its loop had nothing to do). A worker knows this for free from the wake-up it
     issues after every forward (``LinkSet.wake``), and auto placement moves a slow producer to an owner only while
-    at least half of them did: a busy owner gets no more producers."""
+    at least half of them did: a busy owner gets no more producers. One int64 row per counter (NAPS_*), one
+    column per owner, so compiled code counts its forwards in the same place."""
 
     def __init__(self, workers):
-        self.forwards = [0] * workers
-        self.woke = [0] * workers
-        self.idle = [False] * workers
+        self.naps = np.zeros((3, workers), np.int64)
+        self.idle = self.naps[NAPS_IDLE]
 
     def saw(self, owner, woke):
-        self.woke[owner] += woke
-        self.forwards[owner] += 1
-        if self.forwards[owner] == NAP_WINDOW:
-            self.idle[owner] = 2 * self.woke[owner] >= NAP_WINDOW
-            self.forwards[owner] = self.woke[owner] = 0
+        owner_nap(self.naps, owner, 1 if woke else 0)
 
 
 class Connections:

@@ -44,6 +44,12 @@ class Loop:
         self._idle = []
         self._running = False
         self.log = logger
+        self.fast_poll = None  # poll(timeout) to use instead of epoll's when the loop would block (forward lane)
+
+    @property
+    def epoll(self):
+        """The loop's epoll object (the forward lane waits on it: ``workers/fastlane.py``)."""
+        return self._ep
 
     # ---- fds -------------------------------------------------------------------------------------------
     def _update(self, fd):
@@ -153,9 +159,12 @@ class Loop:
                     self._report("idle callback failed")
                     timeout = IDLE_RETRY if timeout == -1 else min(timeout, IDLE_RETRY)  # retry soon, no spin
             try:
-                events = poll(timeout)
+                events = poll(timeout) if timeout == 0 or self.fast_poll is None else self.fast_poll(timeout)
             except InterruptedError:
                 continue
+            except Exception:
+                self._report("fast poll failed")  # what it read went to its sessions or stays staged
+                events = ()
             for fd, ev in events:
                 if ev & want_read:
                     cb = readers.get(fd)

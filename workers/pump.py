@@ -430,14 +430,18 @@ class Pump:
     # ---- reading ---------------------------------------------------------------------------------------
     def read(self):
         """One compiled pass over the ready sockets; data and closed results go to their sessions."""
-        out = self.out
         _read(self.epfd, self.events, self.buf, self.max_msg, self.max_body, self.clean, self.last_read, self.gen,
-              self.names, self.name_lens, self.table, self.st, out, self.counts)
+              self.names, self.name_lens, self.table, self.st, self.out, self.counts)
+        self.after_read()
+
+    def after_read(self):
+        """Take the results of a compiled read (``_read``, here or in the forward lane): what it staged is
+        committed by ``commit``; data and closed results go to their sessions now."""
         self.staged = int(self.counts[0])
         other = int(self.counts[1])
         if not other:
             return
-        buf, sessions = self.buf, self.sessions
+        out, buf, sessions = self.out, self.buf, self.sessions
         for fd, kind, off, n in zip(*out[:, :other].tolist()):
             s = sessions.get(fd)
             if s is None:
@@ -460,7 +464,7 @@ class Pump:
             return
         self.staged = 0
         st = self.st
-        fds, topics, offs, lens = st[ST_FD, :n], st[ST_TOPIC, :n], st[ST_OFF, :n], st[ST_LEN, :n]
+        topics, offs, lens = st[ST_TOPIC, :n], st[ST_OFF, :n], st[ST_LEN, :n]
         failed = {}
         if not self.counts[2]:
             t = int(topics[0])
@@ -475,11 +479,18 @@ class Pump:
                     failed[t] = ok
         for t, ok in failed.items():
             self.failed[t] = FAILED if ok is False else PARKED
-        sent, sw = self.sent[:n], self.sw
         k, attention, m = _settle_and_send(
-            st, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic, self.ok_frame, sent, sw, self.me,
-            self.mode, self.rates, time.monotonic(), self.topic_owner, self.streak, self.streak_owner, self.streak_t0,
-            self.moved_in, self.movers)
+            st, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic, self.ok_frame, self.sent[:n],
+            self.sw, self.me, self.mode, self.rates, time.monotonic(), self.topic_owner, self.streak,
+            self.streak_owner, self.streak_t0, self.moved_in, self.movers)
+        self.settled(n, k, attention, m, failed, move)
+
+    def settled(self, n, k, attention, m, failed, move):
+        """What Python must do after ``_settle_and_send`` answered the n staged messages (here, or in the
+        forward lane): fold the k tallies it reported, answer the ``attention`` OKs it could not send (through
+        the session: refused, parked, or behind queued output), and move its m movers."""
+        st, sent, sw = self.st, self.sent[:n], self.sw
+        fds, topics = st[ST_FD, :n], st[ST_TOPIC, :n]
         for fd, t, count in zip(sw[0, :k].tolist(), sw[1, :k].tolist(), sw[2, :k].tolist()):
             counts = self.sessions[fd].pub_counts
             counts[self.topics[t]] = counts.get(self.topics[t], 0) + count

@@ -21,7 +21,7 @@ from workers.links import Pending
 from nsqpy.protocol import client as enc
 from nsqpy.protocol.ids import IdGenerator
 from nsqpy.protocol.v2_parser import V2Parser
-from workers import kernels as K, records, stats
+from workers import fastlane, kernels as K, records, stats
 from workers.deferred import DeferredStore, LocalChunks
 from workers.pump import Pump, pack_bodies
 from workers.scanner import apply_removes, apply_starts
@@ -171,8 +171,8 @@ def _persistence():
 
 def _steps(prefix):
     """The warm-up steps, costliest first (they are dealt out to the compiling processes in this order)."""
-    return [lambda: _log(prefix.rstrip("-")), _pump, _inflight, _rings, _protocol, _timers, _deferred, _persistence,
-            records.warm_up, statrows.warm_up, stats.warm_up]
+    return [lambda: _log(prefix.rstrip("-")), fastlane.warm_up, _pump, _inflight, _rings, _protocol, _timers,
+            _deferred, _persistence, records.warm_up, statrows.warm_up, stats.warm_up]
 
 
 def _compile_in_parallel(steps, processes, log):

@@ -41,6 +41,7 @@ from nsqpy.protocol.identify import ServerSettings
 from nsqpy.protocol.v2_parser import Limits
 from workers.deferred import DeferredStore, ShmChunks
 from workers.durability import Durability
+from workers.fastlane import FastLane
 from workers.forwarding import Forwarding
 from workers.handover import Connections, OwnerNaps
 from workers.loop import Loop
@@ -176,6 +177,11 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         for fd in (self.pump.epfd, self.links.eventfd(self.index), self.inbox.fileno()):
             self.loop.keep_on_error(fd)
         self.loop.add_idle(self._idle)
+        if self.pub_out:
+            self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
+                                 {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
+                                 self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer)
+            self.loop.fast_poll = self.lane.poll
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
         gc.collect()
         gc.freeze()  # start-up's objects (modules, numba's dispatchers) leave the collector's passes for good

@@ -326,7 +326,7 @@ def test_owner_naps_judge_each_full_window_of_forwards():
     naps = OwnerNaps(2)
     for k in range(NAP_WINDOW):
         naps.saw(1, k < NAP_WINDOW // 2)  # half of them woke it
-    assert naps.idle == [False, True]
+    assert naps.idle.tolist() == [False, True]
     for k in range(NAP_WINDOW - 1):
         naps.saw(1, False)
     assert naps.idle[1]  # judged once the window is full

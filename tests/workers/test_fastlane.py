@@ -1,0 +1,209 @@
+"""The forward lane (workers/fastlane.py) without a broker: a real pump, ring, wake-up flags and eventfds in local
+memory (``LaneRig``), real sockets. What it forwards must be exactly the record the Python path writes, and
+everything it does not do must come back to Python untouched: staged for the commit, or as epoll events."""
+import os
+import select
+import socket
+import time
+import zlib
+
+import numpy as np
+import pytest
+
+from nsqpy.protocol import client as C
+from nsqpy.protocol.frames import OK_FRAME
+from workers.fastlane import SKIP_AFTER_MISS, LaneRig
+from workers.handover import NAPS_FORWARDS, NAPS_WOKE
+from workers.records import FORWARD, unpack_forward
+
+
+class Peer:
+    """Just enough of a Session for the pump."""
+    moved_in = False
+
+    def __init__(self, sock):
+        self.sock = sock
+        self.fd = sock.fileno()
+        self.wbuf = b""
+        self.pub_counts = {}
+        self.data = []
+        self.written = []
+
+    def on_data(self, data):
+        self.data.append(data)
+
+    def write(self, data):
+        self.written.append(bytes(data))
+
+
+@pytest.fixture
+def rig():
+    rig = LaneRig()
+    rig.pump.learn_topic("theirs", 1)
+    rig.pump.learn_topic("ours", 0)
+    socks = []
+
+    def client():
+        here, there = socket.socketpair()
+        here.setblocking(False)
+        socks.extend((here, there))
+        peer = Peer(here)
+        rig.pump.add(peer, time.monotonic())
+        rig.pump.clean[peer.fd] = 1
+        return peer, there
+
+    rig.client = client
+    yield rig
+    rig.close()
+    for s in socks:
+        s.close()
+
+
+def records(ring):
+    """(type, payload) of every committed record not read yet."""
+    offsets, lengths, types = ring.read_batch(16)
+    return [(int(t), bytes(ring.data[o:o + n])) for o, n, t in zip(offsets, lengths, types)]
+
+
+def forwarded(rig):
+    """The FORWARD records in the ring, each as (topic, [bodies], timestamp ns, defer ms)."""
+    got = []
+    for rtype, payload in records(rig.ring):
+        assert rtype == FORWARD
+        arr = np.frombuffer(payload, np.uint8)
+        topic, offs, lens, ts, defer = unpack_forward(arr, np.zeros(1, np.int64), np.zeros(1, np.int64))
+        got.append((topic, [payload[o:o + n] for o, n in zip(offs.tolist(), lens.tolist())], ts, defer))
+    return got
+
+
+def recv_exactly(sock, n):
+    data = b""
+    while len(data) < n:
+        data += sock.recv(n - len(data))
+    return data
+
+
+def wait_readable(sock):
+    select.select([sock], [], [], 10)
+
+
+def test_a_lone_pub_to_another_owner_is_forwarded_and_answered(rig):
+    peer, there = rig.client()
+    there.sendall(C.pub("theirs", b"hello"))
+    before = time.time_ns()
+    assert rig.lane.poll(30.0) == []  # the forward, then the lane's slice ends (or the timeout)
+    assert rig.lane.forwards == 1
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    [(topic, bodies, ts, defer)] = forwarded(rig)
+    assert (topic, bodies, defer) == ("theirs", [b"hello"], 0)
+    assert before <= ts <= time.time_ns()
+    assert rig.pump.staged == 0
+    rig.pump.settle(peer)
+    assert peer.pub_counts == {"theirs": 1}
+
+
+def test_several_producers_and_an_mpub_make_one_record_each_read(rig):
+    a, a_sock = rig.client()
+    b, b_sock = rig.client()
+    a_sock.sendall(C.pub("theirs", b"one"))
+    b_sock.sendall(C.mpub("theirs", [b"two", b"three"]))
+    for s in (a, b):
+        wait_readable(s.sock)
+    rig.lane.poll(30.0)
+    got = forwarded(rig)
+    assert sorted(body for _, bodies, _, _ in got for body in bodies) == [b"one", b"three", b"two"]
+    assert rig.lane.forwards == len(got) <= 2
+    for s in (a_sock, b_sock):
+        assert recv_exactly(s, len(OK_FRAME)) == OK_FRAME
+
+
+def test_the_sleeping_owner_is_woken_once_and_counted(rig):
+    peer, there = rig.client()
+    rig.wakeups.prepare_sleep(1, lambda: False)
+    there.sendall(C.pub("theirs", b"x"))
+    rig.lane.poll(30.0)
+    recv_exactly(there, len(OK_FRAME))
+    assert os.eventfd_read(rig.eventfds[1]) == 1
+    there.sendall(C.pub("theirs", b"y"))  # the owner is awake now (the flag was taken): no second write
+    rig.lane.poll(30.0)
+    recv_exactly(there, len(OK_FRAME))
+    with pytest.raises(BlockingIOError):
+        os.eventfd_read(rig.eventfds[1])
+    assert rig.naps.naps[NAPS_FORWARDS, 1] == 2 and rig.naps.naps[NAPS_WOKE, 1] == 1
+
+
+def test_a_pub_to_our_own_topic_is_left_staged_for_the_commit(rig):
+    peer, there = rig.client()
+    there.sendall(C.pub("ours", b"mine"))
+    assert rig.lane.poll(30.0) == []
+    assert rig.pump.staged == 1 and rig.lane.forwards == 0
+    assert forwarded(rig) == []
+    committed = []
+    rig.pump.commit(lambda topic, buf, offs, lens: committed.append(
+        (topic, bytes(buf[offs[0]:offs[0] + lens[0]]))) or True, None)
+    assert committed == [("ours", b"mine")]
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    assert rig.lane.skip == SKIP_AFTER_MISS  # no forward came of it: plain polls for a while
+
+
+def test_other_input_comes_back_as_epoll_events(rig):
+    r, w = socket.socketpair()
+    try:
+        rig.ep.register(r.fileno(), select.EPOLLIN)
+        w.send(b"!")
+        assert rig.lane.poll(30.0) == [(r.fileno(), select.EPOLLIN)]
+        assert rig.lane.forwards == 0
+    finally:
+        r.close()
+        w.close()
+
+
+def test_parser_data_goes_to_the_session(rig):
+    peer, there = rig.client()
+    there.sendall(C.nop())
+    assert rig.lane.poll(30.0) == []
+    assert peer.data == [C.nop()] and rig.pump.staged == 0
+
+
+def test_a_full_ring_leaves_the_publish_to_python(rig):
+    peer, there = rig.client()
+    big = b"z" * (rig.ring.max_payload - 100)
+    assert rig.ring.write(big, 9) and rig.ring.write(big, 9)
+    assert rig.ring.free() < 400
+    there.sendall(C.pub("theirs", b"x" * 400))
+    rig.lane.poll(30.0)
+    assert rig.pump.staged == 1 and rig.lane.forwards == 0  # the commit parks it (or retries)
+    assert [rtype for rtype, _ in records(rig.ring)] == [9, 9]
+    there.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        there.recv(16)  # no OK before the message is in
+
+
+def test_a_topic_its_owner_marked_full_is_left_to_python(rig):
+    peer, there = rig.client()
+    rig.owner_full(zlib.crc32(b"theirs"))
+    there.sendall(C.pub("theirs", b"x"))
+    rig.lane.poll(30.0)
+    assert rig.pump.staged == 1 and forwarded(rig) == []
+
+
+def test_no_lane_while_a_publish_is_parked(rig):
+    peer, there = rig.client()
+    rig.parked = True
+    there.sendall(C.pub("theirs", b"x"))
+    assert rig.lane.poll(30.0) == [(rig.pump.epfd, select.EPOLLIN)]
+    assert forwarded(rig) == [] and rig.pump.staged == 0
+
+
+def test_an_ok_behind_queued_output_goes_through_the_session(rig):
+    peer, there = rig.client()
+    rig.pump.busy[peer.fd] = 1
+    there.sendall(C.pub("theirs", b"x"))
+    assert rig.lane.poll(30.0) == []
+    assert [b for _, bodies, _, _ in forwarded(rig) for b in bodies] == [b"x"]
+    assert peer.written == [OK_FRAME]
+
+
+def test_a_timeout_returns_nothing(rig):
+    assert rig.lane.poll(0.01) == []
+    assert rig.lane.forwards == 0

@@ -1,0 +1,323 @@
+"""The forward lane: a worker's whole loop iteration for lone PUBs to topics other workers own, in compiled code.
+
+Theory of operation
+-------------------
+A round-trip producer whose topic another worker owns costs its worker one loop iteration per message: wake on
+the pump's epoll fd, read (compiled, ``workers/pump.py``), then Python's idle step publishes the staged message
+into the owner's ring, wakes the owner if it sleeps, sends the OK (compiled) and checks every other input before
+it sleeps again. The compiled parts are cheap; the Python around them is most of the worker's CPU per message,
+and at one message per iteration it sets the round trip (ARCHITECTURE.md, "Single PUB: cost model").
+
+So, when the loop is about to block (its idle step found nothing to do and armed its wake-up flag), it calls
+``FastLane.poll`` instead of epoll's poll. ``serve`` (compiled) waits on the loop's own epoll set and, as long
+as the only thing ready is the pump and what the pump reads is lone PUBs of one topic owned by another worker,
+does the iteration itself: read, pack the staged bodies into one FORWARD record straight into the owner's ring
+(``workers/records.py``'s layout), wake the owner if its flag says it sleeps (``ipc/wake.py``), count the
+forward in ``OwnerNaps``, and send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It
+returns to Python with:
+
+* R_EVENTS: something else is ready (a ring's eventfd, the hand-over channel, a signal, a second ready fd): the
+  events, as epoll's poll would have returned them;
+* R_READ: the pump's read found something the lane does not do (data for a session's parser, a closed socket,
+  a PUB to a topic this worker owns or to several topics, a full ring, a topic its owner marked full, a forward
+  too big for the ring): ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step
+  commits what was staged;
+* R_SETTLED: a forward was committed but an OK needs Python (queued output, a partial send), or a tally or a
+  producer move does (``Pump.settled``);
+* R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
+  first forward (the idle step's periodic duties get a turn), or epoll was interrupted.
+
+Why this is safe: the lane only runs while the worker's wake-up flag is armed, and it stays armed (nothing in the
+lane disarms it), so any process committing to one of this worker's rings writes its eventfd, which ends the
+lane (R_EVENTS). A forward never overtakes a parked one: the lane is not used while any publish is parked. A
+claim that fails leaves the ring as a failed ``Ring.write`` would (its WANT/OUTGROWN words then make Python's
+own attempt reserve pages), and the staged messages are still in the pump for Python's commit.
+
+The worker skips the lane for a while after a call that forwarded nothing and came back with R_READ (a worker
+whose producers publish to its own topics): each call costs a few microseconds of argument unboxing, which only
+pays when forwards follow.
+"""
+import math
+import time
+import zlib
+
+import numpy as np
+from numba import njit
+
+from ipc import sysio as S
+from ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
+from ipc.wake import wake_check
+from workers.handover import owner_nap
+from workers.pump import MAX_EVENTS, ST_LEN, ST_OFF, ST_TOPIC, _read, _settle_and_send
+from workers.records import FORWARD, FWD_HEAD
+
+R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT = range(4)
+RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS = range(7)
+SLICE = 0.005        # seconds a busy lane runs before it lets the idle step run
+SKIP_AFTER_MISS = 32  # loop iterations without the lane after a call that forwarded nothing
+FWD_HEAD_SIZE = FWD_HEAD.size
+EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # struct epoll_event (packed)
+
+
+@njit(cache=True)
+def _put_le64(data, at, v):
+    for k in range(8):
+        data[at + k] = (v >> (8 * k)) & 0xFF
+
+
+@njit(cache=True)
+def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
+                   timestamp_ns, large):
+    """Write the n staged messages (all of topic t) as one FORWARD record into the ring to ``owner`` (the same
+    payload as ``records.pack_forward``) and commit it; False (nothing written) when it is bigger than ``large``
+    or the ring has no room now."""
+    name_len = name_lens[t]
+    size = FWD_HEAD_SIZE + name_len + 8 * n
+    for i in range(n):
+        size += st[ST_LEN, i]
+    if size > large:
+        return False
+    a = ctl_at[owner]
+    ctl = seg_words[a:a + CONTROL_WORDS]
+    d = data_at[owner]
+    data = seg_bytes[d:d + capacity[owner]]
+    at = ring_claim(ctl, data, size, FORWARD)
+    if at < 0:
+        return False
+    _put_le64(data, at, n)
+    _put_le64(data, at + 8, timestamp_ns)
+    _put_le64(data, at + 16, 0)  # defer ms
+    _put_le64(data, at + 24, name_len)
+    p = at + FWD_HEAD_SIZE
+    data[p:p + name_len] = names[t, :name_len]
+    p += name_len
+    for i in range(n):
+        _put_le64(data, p + 8 * i, st[ST_LEN, i])
+    p += 8 * n
+    for i in range(n):
+        o, k = st[ST_OFF, i], st[ST_LEN, i]
+        data[p:p + k] = buf[o:o + k]
+        p += k
+    ring_commit(ctl)
+    return True
+
+
+@njit(cache=True)
+def serve(main_ep, events, until, slice_s, me, large, res,
+          pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts,
+          topic_owner, full_at, full_val, control_words, seg_words, seg_bytes, ctl_at, data_at, capacity,
+          wake_flags, eventfds, naps,
+          failed, busy, tally, tally_topic, frame, sent, sw, mode, rates, streak, streak_owner, streak_t0, moved_in,
+          movers):
+    """The lane (module docstring): wait on ``main_ep`` until ``until`` (time.monotonic(); < 0: no limit) and
+    forward lone PUBs until something needs Python. ``res`` receives the outcome (RES_* words)."""
+    res[:] = 0
+    stop_at = until
+    forwards = 0
+    while True:
+        ms = -1
+        if stop_at >= 0:
+            left = stop_at - S.monotonic()
+            ms = 0 if left <= 0 else int(math.ceil(left * 1000.0))
+        n = S.epoll_wait(main_ep, events.ctypes.data, MAX_EVENTS, ms)
+        if n <= 0:  # timed out, or interrupted (a signal: its wake-up fd is in the set, Python sees it next)
+            res[RES_CODE] = R_TIMEOUT
+            break
+        if n > 1 or S.event_data(events, 0) != pump_ep:
+            res[RES_CODE] = R_EVENTS
+            res[RES_EVENTS] = n
+            break
+        _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
+              counts)
+        staged = counts[0]
+        if staged == 0 or counts[1] or counts[2]:
+            res[RES_CODE] = R_READ
+            break
+        t = st[ST_TOPIC, 0]
+        owner = topic_owner[t]
+        if owner == me or control_words[full_at[t]] == full_val[t] or not forward_staged(
+                st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
+                S.realtime_ns(), large):
+            res[RES_CODE] = R_READ
+            break
+        counts[0] = 0  # committed: nothing left staged for Python
+        woke = 0
+        if wake_check(wake_flags, owner):
+            S.eventfd_signal(eventfds[owner])
+            woke = 1
+        owner_nap(naps, owner, woke)
+        forwards += 1
+        now = S.monotonic()
+        k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame, sent[:staged],
+                                           sw, me, mode, rates, now, topic_owner, streak, streak_owner,
+                                           streak_t0, moved_in, movers)
+        if k or attention or m:
+            res[RES_CODE] = R_SETTLED
+            res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
+            break
+        if forwards == 1 and (stop_at < 0 or now + slice_s < stop_at):
+            stop_at = now + slice_s
+    res[RES_FORWARDS] = forwards
+
+
+class FastLane:
+    """The lane of one worker: ``poll(timeout)`` stands in for the loop's epoll poll (``Loop.fast_poll``).
+
+    ``rings`` maps each other worker to the ``ipc.ring.Ring`` of this worker's forwards to it, all in ``buf``;
+    ``wakeups`` is the ``ipc.wake.Wakeups`` of the workers (eventfds by worker index); ``control`` the control
+    block (``full_word``: a topic its owner marked full); ``naps`` the worker's ``OwnerNaps``. ``usable()`` says
+    whether the lane may run now (no parked publish); ``move(session, worker)`` is the worker's producer move."""
+
+    def __init__(self, pump, main_ep, buf, rings, wakeups, control, naps, large_forward, usable, move):
+        self.pump = pump
+        self.main_ep = main_ep
+        self.poll_plain = main_ep.poll
+        self.events = S.events_buffer(MAX_EVENTS)
+        self.seg_words = np.frombuffer(buf, np.int64, len(buf) // 8)
+        self.seg_bytes = np.frombuffer(buf, np.uint8)
+        base = self.seg_bytes.ctypes.data
+        workers = len(wakeups.fds)
+        self.ctl_at = np.zeros(workers, np.int64)
+        self.data_at = np.zeros(workers, np.int64)
+        self.capacity = np.zeros(workers, np.int64)
+        for j, ring in rings.items():
+            self.ctl_at[j] = (ring.ctl.ctypes.data - base) // 8
+            self.data_at[j] = ring.data.ctypes.data - base
+            self.capacity[j] = ring.capacity
+        self.wake_flags = wakeups.flags
+        self.eventfds = np.array(wakeups.fds, np.int64)
+        self.control = control
+        self.control_words = control.w
+        self.naps = naps.naps
+        self.large = int(large_forward)
+        self.usable = usable
+        self.move = move
+        self.full_at = np.zeros(len(pump.names), np.int64)
+        self.full_val = np.full(len(pump.names), -1, np.int64)
+        self.known = 0        # topics of the pump whose full words are filled in
+        self.skip = 0
+        self.res = np.zeros(RES_FORWARDS + 1, np.int64)
+        self.forwards = 0     # forwards the lane committed (statistics, tests)
+
+    def _learn(self):
+        p = self.pump
+        for t in range(self.known, len(p.topics)):
+            name = p.topics[t].encode()
+            self.full_at[t], self.full_val[t] = self.control.full_word(int(p.topic_owner[t]), zlib.crc32(name))
+        self.known = len(p.topics)
+
+    def poll(self, timeout):
+        """epoll's poll(timeout) for the loop, doing lone forwards on the way (module docstring)."""
+        if self.skip:
+            self.skip -= 1
+            return self.poll_plain(timeout)
+        if not self.usable():
+            return self.poll_plain(timeout)
+        p = self.pump
+        if self.known != len(p.topics):
+            self._learn()
+        res = self.res
+        serve(self.main_ep.fileno(), self.events, -1.0 if timeout < 0 else time.monotonic() + timeout, SLICE,
+              p.me, self.large, res,
+              p.epfd, p.events, p.buf, p.max_msg, p.max_body, p.clean, p.last_read, p.gen, p.names, p.name_lens,
+              p.table, p.st, p.out, p.counts,
+              p.topic_owner, self.full_at, self.full_val, self.control_words, self.seg_words, self.seg_bytes,
+              self.ctl_at, self.data_at, self.capacity, self.wake_flags, self.eventfds, self.naps,
+              p.failed, p.busy, p.tally, p.tally_topic, p.ok_frame, p.sent, p.sw, p.mode, p.rates, p.streak,
+              p.streak_owner, p.streak_t0, p.moved_in, p.movers)
+        code, forwards = int(res[RES_CODE]), int(res[RES_FORWARDS])
+        self.forwards += forwards
+        if code == R_EVENTS:
+            ev = self.events[:int(res[RES_EVENTS]) * EVENT_DTYPE.itemsize].view(EVENT_DTYPE)
+            return list(zip(ev["fd"].tolist(), ev["events"].tolist()))
+        if code == R_READ:
+            if not forwards:
+                self.skip = SKIP_AFTER_MISS
+            p.after_read()
+        elif code == R_SETTLED:
+            p.settled(int(res[RES_STAGED]), int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS]),
+                      {}, self.move)
+        return []
+
+
+class LaneRig:
+    """A lane over throwaway memory: one pump, a ring from worker 0 to worker 1 and the two workers' wake-up
+    flags and eventfds, in buffers of the same types the broker's shared memory gives. The warm-up compiles the
+    lane with it; the unit tests drive it. ``owner_full(crc)`` marks a topic of worker 1 full."""
+
+    FULL_AT = 64  # the control words' full-topic slot (one is enough here)
+
+    def __init__(self, capacity=1 << 12, max_msg=1 << 20, large=1 << 20):
+        import select
+        from ipc.ring import Ring
+        from ipc.wake import Wakeups, make_eventfd
+        from workers.handover import OwnerNaps
+        from workers.pump import Pump
+        self.eventfds = [make_eventfd(), make_eventfd()]
+        self.buf = bytearray(Ring.size_for(capacity) + Wakeups.size_for(2))
+        self.ring = Ring.create(self.buf, 0, capacity)
+        self.wakeups = Wakeups.create(self.buf, Ring.size_for(capacity), self.eventfds)
+        self.w = np.zeros(self.FULL_AT + 1, np.int64)
+        self.ep = select.epoll()
+        self.pump = Pump(max_msg)
+        self.ep.register(self.pump.epfd, select.EPOLLIN)
+        self.naps = OwnerNaps(2)
+        self.moves = []
+        self.parked = False
+        self.lane = FastLane(self.pump, self.ep, self.buf, {1: self.ring}, self.wakeups, self, self.naps, large,
+                             lambda: not self.parked, lambda s, w: self.moves.append((s, w)))
+
+    def full_word(self, w, crc):
+        return self.FULL_AT, (1 << 40) | crc
+
+    def owner_full(self, crc):
+        self.w[self.FULL_AT] = (1 << 40) | crc
+
+    def close(self):
+        import os
+        self.pump.close()
+        self.ep.close()
+        for fd in self.eventfds:
+            os.close(fd)
+
+
+def warm_up():
+    """Compile (or load) the lane with the broker's argument types: a forward, a publish it leaves to Python, a
+    foreign event and a timeout."""
+    import socket
+    from nsqpy.protocol import client as enc
+
+    class Peer:
+        wbuf, moved_in = b"", False
+
+        def __init__(self, fd):
+            self.fd, self.pub_counts, self.data = fd, {}, []
+
+        def on_data(self, data):
+            self.data.append(data)
+
+    rig = LaneRig()
+    here, there = socket.socketpair()
+    other_r, other_w = socket.socketpair()
+    try:
+        here.setblocking(False)
+        peer = Peer(here.fileno())
+        rig.pump.add(peer, time.monotonic())
+        rig.pump.clean[peer.fd] = 1
+        rig.pump.learn_topic("theirs", 1)
+        rig.pump.learn_topic("ours", 0)
+        rig.wakeups.prepare_sleep(1, lambda: False)  # the owner sleeps: the forward wakes it
+        there.sendall(enc.pub("theirs", b"x"))
+        rig.lane.poll(0.001)  # forwards, then times out
+        there.sendall(enc.pub("ours", b"y"))
+        rig.lane.poll(1.0)    # R_READ: left staged for the worker's commit
+        rig.pump.staged = 0
+        rig.lane.skip = 0
+        rig.ep.register(other_r.fileno(), 1)
+        other_w.send(b"x")
+        rig.lane.poll(1.0)    # R_EVENTS
+        rig.pump.remove(peer)
+    finally:
+        rig.close()
+        for s in (here, there, other_r, other_w):
+            s.close()
