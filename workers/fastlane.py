@@ -33,9 +33,9 @@ lane (R_EVENTS). A forward never overtakes a parked one: the lane is not used wh
 claim that fails leaves the ring as a failed ``Ring.write`` would (its WANT/OUTGROWN words then make Python's
 own attempt reserve pages), and the staged messages are still in the pump for Python's commit.
 
-The worker skips the lane for a while after a call that forwarded nothing and came back with R_READ (a worker
-whose producers publish to its own topics): each call costs a few microseconds of argument unboxing, which only
-pays when forwards follow.
+The worker skips the lane for SKIP_AFTER_MISS loop iterations after a call that forwarded nothing (a worker whose
+producers publish to its own topics, or an owner woken by its rings): each call costs a few microseconds of
+argument unboxing, which only pays when forwards follow.
 """
 import math
 import time
@@ -227,12 +227,12 @@ class FastLane:
               p.streak_owner, p.streak_t0, p.moved_in, p.movers)
         code, forwards = int(res[RES_CODE]), int(res[RES_FORWARDS])
         self.forwards += forwards
+        if not forwards:
+            self.skip = SKIP_AFTER_MISS
         if code == R_EVENTS:
             ev = self.events[:int(res[RES_EVENTS]) * EVENT_DTYPE.itemsize].view(EVENT_DTYPE)
             return list(zip(ev["fd"].tolist(), ev["events"].tolist()))
         if code == R_READ:
-            if not forwards:
-                self.skip = SKIP_AFTER_MISS
             p.after_read()
         elif code == R_SETTLED:
             p.settled(int(res[RES_STAGED]), int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS]),

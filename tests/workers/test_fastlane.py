@@ -153,6 +153,11 @@ def test_other_input_comes_back_as_epoll_events(rig):
         w.send(b"!")
         assert rig.lane.poll(30.0) == [(r.fileno(), select.EPOLLIN)]
         assert rig.lane.forwards == 0
+        assert rig.lane.skip == SKIP_AFTER_MISS  # it forwarded nothing: epoll's own poll for a while
+        peer, there = rig.client()
+        there.sendall(C.pub("theirs", b"x"))
+        assert sorted(rig.lane.poll(30.0)) == sorted([(r.fileno(), select.EPOLLIN), (rig.pump.epfd, select.EPOLLIN)])
+        assert rig.lane.forwards == 0 and rig.lane.skip == SKIP_AFTER_MISS - 1
     finally:
         r.close()
         w.close()
