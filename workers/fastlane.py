@@ -10,8 +10,8 @@ and at one message per iteration it sets the round trip (ARCHITECTURE.md, "Singl
 
 So, when the loop is about to block (its idle step found nothing to do and armed its wake-up flag), it calls
 ``FastLane.poll`` instead of epoll's poll. ``serve`` (compiled) waits on the loop's own epoll set and, as long
-as the only thing ready is the pump and what the pump reads is lone PUBs of one topic owned by another worker,
-does the iteration itself: read, pack the staged bodies into one FORWARD record straight into the owner's ring
+as the only thing ready is the pump and what the pump reads is one-message commands (a PUB, or an MPUB of one
+message, which NSQ's bench_writer sends) for one topic owned by another worker, does the iteration itself: read, pack the staged bodies into one FORWARD record straight into the owner's ring
 (``workers/records.py``'s layout), wake the owner if its flag says it sleeps (``ipc/wake.py``), count the
 forward in ``OwnerNaps``, and send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It
 returns to Python with:
@@ -19,8 +19,8 @@ returns to Python with:
 * R_EVENTS: something else is ready (a ring's eventfd, the hand-over channel, a signal, a second ready fd): the
   events, as epoll's poll would have returned them;
 * R_READ: the pump's read found something the lane does not do (data for a session's parser, a closed socket,
-  a PUB to a topic this worker owns or to several topics, a full ring, a topic its owner marked full, a forward
-  too big for the ring): ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step
+  a PUB to a topic this worker owns or to several topics, an MPUB of several messages, a full ring, a topic its
+  owner marked full, a forward too big for the ring): ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step
   commits what was staged;
 * R_SETTLED: a forward was committed but an OK needs Python (queued output, a partial send), or a tally or a
   producer move does (``Pump.settled``);
@@ -32,6 +32,10 @@ lane disarms it), so any process committing to one of this worker's rings writes
 lane (R_EVENTS). A forward never overtakes a parked one: the lane is not used while any publish is parked. A
 claim that fails leaves the ring as a failed ``Ring.write`` would (its WANT/OUTGROWN words then make Python's
 own attempt reserve pages), and the staged messages are still in the pump for Python's commit.
+
+Batches stay on the Python path: an MPUB of many messages already shares one iteration among them, and
+forwarding them here too made p99 latency at 100k msgs/s (the latency tool's MPUBs) worse in by-hand A/B runs,
+for no gain a round trip would see.
 
 The worker skips the lane for SKIP_AFTER_MISS loop iterations after a call that forwarded nothing (a worker whose
 producers publish to its own topics, or an owner woken by its rings): each call costs a few microseconds of
@@ -48,7 +52,7 @@ from ipc import sysio as S
 from ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from ipc.wake import wake_check
 from workers.handover import owner_nap
-from workers.pump import MAX_EVENTS, ST_LEN, ST_OFF, ST_TOPIC, _read, _settle_and_send
+from workers.pump import MAX_EVENTS, ST_LEN, ST_N, ST_OFF, ST_TOPIC, _read, _settle_and_send
 from workers.records import FORWARD, FWD_HEAD
 
 R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT = range(4)
@@ -63,6 +67,15 @@ EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # st
 def _put_le64(data, at, v):
     for k in range(8):
         data[at + k] = (v >> (8 * k)) & 0xFF
+
+
+@njit(cache=True)
+def _one_message_commands(st, n):
+    """Whether each of the n staged messages came alone in its command (a PUB, or an MPUB of one)."""
+    for i in range(n):
+        if st[ST_N, i] != 1:
+            return False
+    return True
 
 
 @njit(cache=True)
@@ -130,7 +143,7 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
               counts)
         staged = counts[0]
-        if staged == 0 or counts[1] or counts[2]:
+        if staged == 0 or counts[1] or counts[2] or not _one_message_commands(st, staged):
             res[RES_CODE] = R_READ
             break
         t = st[ST_TOPIC, 0]
