@@ -53,7 +53,7 @@ from ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from ipc.wake import wake_check
 from workers.handover import owner_nap
 from workers.pump import MAX_EVENTS, ST_LEN, ST_N, ST_OFF, ST_TOPIC, _read, _settle_and_send
-from workers.records import FORWARD, FWD_HEAD
+from workers.records import FORWARD, FWD_HEAD, pack_bodies
 
 R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT = range(4)
 RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS = range(7)
@@ -103,14 +103,7 @@ def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at
     _put_le64(data, at + 24, name_len)
     p = at + FWD_HEAD_SIZE
     data[p:p + name_len] = names[t, :name_len]
-    p += name_len
-    for i in range(n):
-        _put_le64(data, p + 8 * i, st[ST_LEN, i])
-    p += 8 * n
-    for i in range(n):
-        o, k = st[ST_OFF, i], st[ST_LEN, i]
-        data[p:p + k] = buf[o:o + k]
-        p += k
+    pack_bodies(buf, st[ST_OFF, :n], st[ST_LEN, :n], data, p + name_len)
     ring_commit(ctl)
     return True
 
@@ -300,14 +293,7 @@ def warm_up():
     import socket
     from nsqpy.protocol import client as enc
 
-    class Peer:
-        wbuf, moved_in = b"", False
-
-        def __init__(self, fd):
-            self.fd, self.pub_counts, self.data = fd, {}, []
-
-        def on_data(self, data):
-            self.data.append(data)
+    from workers.warmup import _Peer as Peer  # here: warmup imports this module
 
     rig = LaneRig()
     here, there = socket.socketpair()
