@@ -54,7 +54,7 @@ class ReaderWorker:
         except (BenchError, OSError) as err:
             errors, error_text = 1, str(err)
         end = last if self.budget is not None else clock()
-        self.conn.close()
+        self.conn.close_after_server()
         return {"msgs": msgs, "bytes": body_bytes, "errors": errors + self.stream.nonfatal_errors,
                 "elapsed_s": end - start, "error_text": error_text}
 
