@@ -9,6 +9,7 @@ shared resources (``workers.plan``), binds the listener, forks the acceptor, the
 the supervisor, and prints NSQ's start-up lines once every child reported ready, so that the "listening on" line
 means connections are served.
 """
+import gc
 import platform
 import sys
 import time
@@ -178,6 +179,7 @@ def main(argv=None):
     # cleanups run last first: nsqd.dat before the journals go; only once the broker ran (a start that failed
     # half-way must not replace a good nsqd.dat by what its workers had loaded so far)
     sup.cleanups.append(lambda: sup.periodic and sync.poll(force=True))
+    gc.freeze()  # the children inherit start-up's objects outside the collector: none of them collects them again
     sup.start()
     if not sup.wait_ready():
         log.fatal("a process failed to start")
