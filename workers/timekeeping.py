@@ -12,6 +12,9 @@ from ipc import inflight as IF
 from workers.scanner import EXPIRED, REMOVE, RESET, START
 
 SCANNER_POLL_NS = 50_000_000   # how late the scanner may see a timer event; see _send_scanner
+HOLD_S = SCANNER_POLL_NS / 1e9  # how long a delivery round's START waits in the worker (workers/timers.py)
+HOLD_MIN_AHEAD_NS = 4 * SCANNER_POLL_NS  # only deadlines at least this far ahead are held
+START_ROWS = 65536             # START rows per ring record at most
 DEFER_RETRY = 0.05             # seconds before a channel whose deferred messages found no room is tried again
 
 
@@ -59,20 +62,34 @@ class Timekeeping:
             self.links.wake(self.links.SCANNER)
 
     def timer_start(self, slots, key):
-        """One timer (deadline or due time `key`) for all these slots."""
+        """One timer (deadline or due time `key`) for all these slots. A deadline far enough ahead is held for
+        up to HOLD_S before it is posted: if the slots are finished by then, the scanner never hears of it."""
         if len(slots) == 0:
             return
-        b = self.timers.add(slots)
-        self._send_scanner(START, np.array([b, self.timers.gen[b], key], np.int64).tobytes(), key)
+        timers = self.timers
+        b = timers.add(slots)
+        if key - time.time_ns() >= HOLD_MIN_AHEAD_NS:
+            if not timers.held():
+                self.loop.call_later(HOLD_S, self.post_held_timers)
+            timers.hold(b, key)
+            return
+        self._send_scanner(START, np.array([b, timers.gen[b], key], np.int64).tobytes(), key)
+
+    def post_held_timers(self):
+        """Post the held timers that are still live (the loop calls this HOLD_S after the first was held)."""
+        self._post_starts(np.array(self.timers.take_held(), np.int64).reshape(-1, 3))
 
     def timer_start_each(self, slots, keys):
-        """A timer of its own for every slot (TOUCH, deferred messages, recovery)."""
+        """A timer of its own for every slot (TOUCH, deferred messages, recovery), posted at once."""
         rows = np.empty((len(slots), 3), np.int64)
         for i, (slot, key) in enumerate(zip(slots, keys)):
             b = self.timers.add([slot])
             rows[i] = (b, self.timers.gen[b], key)
-        for k in range(0, len(rows), 65536):
-            part = rows[k:k + 65536]
+        self._post_starts(rows)
+
+    def _post_starts(self, rows):
+        for k in range(0, len(rows), START_ROWS):
+            part = rows[k:k + START_ROWS]
             self._send_scanner(START, part.tobytes(), int(part[:, 2].min()))
 
     def timer_leave(self, slots):
