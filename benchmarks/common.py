@@ -110,9 +110,10 @@ def summary_line(tool: str, result: dict) -> str:
             f"{result['ops_per_s']:.3f}ops/s - {result['us_per_op']:.3f}us/op")
 
 
-def git_commit() -> str:
-    """The checkout's commit, with "+dirty" when the tree has uncommitted changes ("" outside a git checkout)."""
-    root = os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
+def git_commit(root: str = "") -> str:
+    """The commit of this checkout (or of the one at `root`), with "+dirty" when the tree has uncommitted
+    changes ("" outside a git checkout)."""
+    root = root or os.path.dirname(os.path.dirname(os.path.abspath(__file__)))
     try:
         head = subprocess.run(["git", "-C", root, "rev-parse", "--short", "HEAD"], capture_output=True, text=True,
                               check=True).stdout.strip()

@@ -1,7 +1,7 @@
 """nsqpy against other NSQ-compatible brokers, scenario by scenario, with the ratios in one JSON line.
 
-    python -m benchmarks.compare [--target nsqd=127.0.0.1:4150 ...] [--rounds 3] [--runfor 5s]
-        [--connections N] [--scenarios writer,reader,pub,latency] [--latency-rate 10000[,...]]
+    python -m benchmarks.compare [--target nsqd=127.0.0.1:4150 ...] [--target-commit nsqd=v1.3.0 ...] [--rounds 3]
+        [--runfor 5s] [--connections N] [--scenarios writer,reader,pub,latency] [--latency-rate 10000[,...]]
         [--latency-modes defaults,unbuffered] [--nsqpy-command CMD] [--plot DIR] [--out FILE]
 
 nsqpy is started here (fresh --data-path, port 0; ready once it logs its `TCP: listening on` line, waited on
@@ -140,6 +140,8 @@ def parse_target(text: str) -> tuple[str, str]:
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="nsqpy vs other NSQ-compatible brokers, as ratios")
     p.add_argument("--target", type=parse_target, action="append", default=[], help="name=host:port")
+    p.add_argument("--target-commit", type=parse_target, action="append", default=[],
+                   help="name=what that target runs (a commit, a version), recorded as target_commits")
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runfor", type=duration_s, default=5.0, help="per throughput run and latency phase")
     p.add_argument("--connections", type=int, default=CORES)
@@ -183,7 +185,8 @@ def main(argv=None) -> int:
     for scenario, row in ratios.items():
         log(f"compare: {scenario}: " + ", ".join(f"nsqpy/{n} = {r:.3f}" if r else f"nsqpy/{n} = n/a"
                                                  for n, r in row.items()))
-    result = {"tool": "compare", "targets": targets, "rounds": opts.rounds, "runfor_s": opts.runfor,
+    result = {"tool": "compare", "targets": targets, "target_commits": dict(opts.target_commit),
+              "rounds": opts.rounds, "runfor_s": opts.runfor,
               "scenarios": opts.scenarios, "latency_rate": opts.latency_rate[0],
               "latency_rates": opts.latency_rate, "latency_modes": opts.latency_modes,
               "figures": {s: f for s, (f, _) in table.items()},

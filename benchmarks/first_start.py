@@ -21,7 +21,7 @@ import sys
 import tempfile
 import time
 
-from benchmarks.common import emit, environment, log
+from benchmarks.common import emit, environment, git_commit, log
 from benchmarks.process import LISTENING, REPO
 
 
@@ -70,6 +70,7 @@ def main(argv=None):
     medians = {name: {k: statistics.median(v) for k, v in figs.items()} for name, figs in runs.items()}
     result = dict(environment(), tool="first_start", workers=opts.workers, runs=runs, medians=medians)
     if "baseline" in medians:
+        result["baseline_commit"] = git_commit(opts.baseline_checkout)
         result["cold_ratio_current_to_baseline"] = round(medians["current"]["cold_s"] / medians["baseline"]["cold_s"],
                                                          3)
     emit(result, opts.out)

@@ -7,7 +7,8 @@ from __future__ import annotations
 
 import pytest
 
-from benchmarks.process import ListeningProcess, python_module, run_tool
+from benchmarks.common import git_commit
+from benchmarks.process import REPO, ListeningProcess, python_module, run_tool
 
 RUN = ["--runfor", "1s", "--connections", "2", "--no-ceiling"]
 
@@ -61,9 +62,10 @@ def test_latency(nsqpy):
 
 def test_compare_starts_nsqpy_itself(tmp_path):
     code, result = run_tool("benchmarks.compare", "--rounds", "1", "--runfor", "1s", "--latency-rate", "1000",
-                            "--out", str(tmp_path / "c.json"), timeout=300)
+                            "--target-commit", "before=1013cfa", "--out", str(tmp_path / "c.json"), timeout=300)
     assert code == 0
     assert result["errors"] == 0
+    assert result["target_commits"] == {"before": "1013cfa"}
     assert {r["scenario"] for r in result["runs"]} == {"writer", "reader", "pub", "latency"}
     assert all(r["result"]["errors"] == 0 for r in result["runs"])
     assert all(v["nsqpy"] > 0 for v in result["medians"].values())
@@ -80,3 +82,13 @@ def test_pub_compare_runs_a_fresh_nsqpy_per_run_and_reports_its_cpu():
     assert result["ratios"]["2"]["spread"] > 0
     assert all(run["server_cpu_us_per_msg"] > 0 for run in result["runs"])
     assert result["commit"] and result["cores"] >= 1
+
+
+def test_first_start_times_a_cold_and_a_warm_start_of_each_checkout():
+    code, result = run_tool("benchmarks.first_start", "--rounds", "1", "--baseline-checkout", str(REPO),
+                            timeout=600)
+    assert code == 0
+    for name in ("current", "baseline"):
+        cold, warm = result["medians"][name]["cold_s"], result["medians"][name]["warm_s"]
+        assert cold > 0 and warm > 0
+    assert result["baseline_commit"] == git_commit(str(REPO)) == result["commit"]
