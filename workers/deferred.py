@@ -154,6 +154,12 @@ class DeferredStore:
             self._heap.rebuild(old.keys[:n].copy(), old.vals[:n].copy())
 
     # ---- entries ---------------------------------------------------------------------------------------
+    def reserve(self, n):
+        """Make room for n more entries now (DeferredNoSpace if the store cannot grow): the next add of up to n
+        entries cannot fail."""
+        if self._top < n:
+            self._grow(n)
+
     def _take(self, n):
         if self._top < n:
             self._grow(n)

@@ -39,6 +39,14 @@ LOAD_BATCH_BYTES = 4 << 20
 ID_MASK = (1 << 64) - 1
 
 
+class LoadStopped(Exception):
+    """Only the first ``appended`` records of a batch went into the log; ``cause`` stopped the load there."""
+
+    def __init__(self, appended, cause):
+        super().__init__(str(cause))
+        self.appended, self.cause = appended, cause
+
+
 def _hex(ids):
     return [b"%016x" % (int(i) & ID_MASK) for i in ids]
 
@@ -201,8 +209,11 @@ class Persistence:
                 nxt = int(off[k - 1] + ln[k - 1])
                 try:
                     self._append_loaded(t, ch, buf, off[:k], ln[:k], ts[:k], att[:k], ids[:k], due)
-                except (StorageError, LogError) as e:
+                except (StorageError, LogError, LoadStopped) as e:
                     self.log.error(f"TOPIC({t.name}): cannot load more from disk now: {e}")
+                    done = e.appended if isinstance(e, LoadStopped) else 0
+                    if done:  # the rest waits on disk from the first record not appended: none comes twice
+                        n, pos = n + done, int(off[done - 1] + ln[done - 1])
                     return n, pos, DK.OK
                 n += k
                 pos = nxt
@@ -228,26 +239,44 @@ class Persistence:
                 self._append_private(t, ch, buf, off, ln, ts, att, ids, not_before)
         except OSError as e:
             raise StorageError(str(e)) from None
-        self.stats.changed.add(t.name)
-        if t.durable:
-            self.appended(t, len(ln))
+        except LoadStopped as stop:
+            self._loaded(t, stop.appended)
+            raise
+        self._loaded(t, len(ln))
+
+    def _loaded(self, t, n):
+        if n:
+            self.stats.changed.add(t.name)
+            if t.durable:
+                self.appended(t, n)
 
     def _append_private(self, t, ch, buf, off, ln, ts, att, ids, not_before):
         """A channel queue's records, private to ch. Those still deferred go where a REQ with a delay puts them:
         parked in the log (the cursor passes them) and in the deferred store, so they count as deferred from the
-        start, as before the restart. (DeferredNoSpace is an OSError: the load stops there and the rest waits on
-        disk; the due part of this batch, appended first, then comes again at the next start: duplicates, no loss.)"""
+        start, as before the restart. Appended in runs of consecutive due or deferred records, each all or
+        nothing (a deferred run's store entries are reserved before its records go in): when one fails,
+        LoadStopped says how many of the batch went in, and the load resumes at the first that did not, so a
+        record is never loaded twice."""
         later = not_before > time.time_ns()
-        if not later.any():
-            t.log.append_private(ch.ch, buf, off, ln, ts, ids, att, not_before)
-            return
-        due = ~later
-        if due.any():
-            t.log.append_private(ch.ch, buf, off[due], ln[due], ts[due], ids[due], att[due], not_before[due])
-        ids, att, when = ids[later], att[later], not_before[later]
-        pos = t.log.append_private(ch.ch, buf, off[later], ln[later], ts[later], ids, att, when, parked=True)
-        self.deferred.add(t.index, ch.key, ids, pos, att, when)
-        self.deferred_changed()
+        n = len(ln)
+        cuts = np.flatnonzero(later[1:] != later[:-1]) + 1
+        done = 0
+        for a, b in zip([0, *cuts.tolist()], [*cuts.tolist(), n]):
+            run = slice(a, b)
+            try:
+                if not later[a]:
+                    t.log.append_private(ch.ch, buf, off[run], ln[run], ts[run], ids[run], att[run],
+                                         not_before[run])
+                    done = b
+                    continue
+                self.deferred.reserve(b - a)  # DeferredNoSpace here, before anything of the run is in the log
+                pos = t.log.append_private(ch.ch, buf, off[run], ln[run], ts[run], ids[run], att[run],
+                                           not_before[run], parked=True)
+            except (OSError, LogError) as e:
+                raise LoadStopped(done, e) from None
+            self.deferred.add(t.index, ch.key, ids[run], pos, att[run], not_before[run])
+            self.deferred_changed()
+            done = b
 
 
 def _within_bytes(lengths, k):
