@@ -70,10 +70,15 @@ def gunzip_so_far(data):
 
 
 def output_lines(directory, gz=False):
+    """The lines of every file in directory. While nsq_to_file runs, a file listed here may be rotated out of its
+    work dir before it is opened: it is skipped then (read again from the output dir at the next poll)."""
     lines = []
     for name in sorted(os.listdir(directory)):
-        with open(os.path.join(directory, name), "rb") as f:
-            data = f.read()
+        try:
+            with open(os.path.join(directory, name), "rb") as f:
+                data = f.read()
+        except FileNotFoundError:
+            continue
         lines.extend((gunzip_so_far(data) if gz else data).splitlines())
     return lines
 
