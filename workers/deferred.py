@@ -161,8 +161,7 @@ class DeferredStore:
             self._grow(n)
 
     def _take(self, n):
-        if self._top < n:
-            self._grow(n)
+        self.reserve(n)
         self._top -= n
         return self._free[self._top:self._top + n][::-1].copy()
 
