@@ -13,7 +13,7 @@ MESSAGE_HEADER = 26
 OK, CUT, BAD_LENGTH = 0, 1, 2   # scan_records: stopped at the limit / at a record cut short / at a bad length
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _get_be(buf, at, nbytes):
     v = 0
     for k in range(nbytes):

@@ -72,6 +72,8 @@ __all__ = [
 HEAP_MAGIC = magic("NSQTHEAP")
 HEAP_VERSION = 2
 C_COUNT = 0  # control-line word: the number of entries
+ROOT = np.int64(0)  # index 0 as a typed value: a literal 0 argument would compile its own copy of _take and
+                    # everything it calls (numba specializes a callee on Literal[int] arguments)
 R_RESERVED = LINE_WORDS  # word of the reservation line (counted from the control line): entries backed
 
 OK = 0
@@ -186,7 +188,7 @@ def heap_pop(ctl, keys, vals, pos):
         return ST_EMPTY, 0, -1
     key = keys[0]
     handle = vals[0]
-    _take(ctl, keys, vals, pos, 0)
+    _take(ctl, keys, vals, pos, ROOT)
     return OK, key, handle
 
 
@@ -223,7 +225,7 @@ def heap_peek_and_shift(ctl, keys, vals, pos, deadline, out_handles, out_keys):
     while n < room and ctl[C_COUNT] > 0 and keys[0] <= deadline:
         out_keys[n] = keys[0]
         out_handles[n] = vals[0]
-        _take(ctl, keys, vals, pos, 0)
+        _take(ctl, keys, vals, pos, ROOT)
         n += 1
     return n
 

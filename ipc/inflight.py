@@ -187,14 +187,14 @@ def _index_delete(slots, index, p):
     index[hole] = -1
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _commit(slots, s, state, half):
     """Publish slot s's new state with one release store; the generation grows by one."""
     b = s * SLOT_WORDS
     store_release(slots, b + S_TAG, (((slots[b + S_TAG] >> 3) + 1) << 3) | (half << 2) | state)
 
 
-@njit(cache=True, nogil=True)
+@njit(cache=True, nogil=True, inline="always")
 def _write_half(slots, s, conn, attempts, delivered, deadline):
     """Fill the half the tag does not point at; -> that half's number, for _commit."""
     half = 1 - ((slots[s * SLOT_WORDS + S_TAG] >> 2) & 1)

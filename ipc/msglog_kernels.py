@@ -116,7 +116,7 @@ def cursor_word(ctrl, ch, field):
     return ctrl[c + CH_A + (ctrl[c + CH_GEN] & 1) * CH_STATE_WORDS + field]
 
 
-@njit(**KERNEL)
+@njit(inline="always", **KERNEL)
 def publish_cursor(ctrl, ch, cursor, pub_done, priv_done):
     c = channel_at(ch)
     g = ctrl[c + CH_GEN]
@@ -127,7 +127,7 @@ def publish_cursor(ctrl, ch, cursor, pub_done, priv_done):
     store_release(ctrl, c + CH_GEN, g + 1)
 
 
-@njit(**KERNEL)
+@njit(inline="always", **KERNEL)
 def snapshot(ctrl, gen_at, copy_at, width, field):
     """One field of a double-buffered state as seen by a process that is not its writer (seqlock read)."""
     while True:
@@ -228,7 +228,7 @@ def seal_segment(ctrl, data64):
     return nxt
 
 
-@njit(**KERNEL)
+@njit(inline="always", **KERNEL)
 def write_header(data64, w, length, flags, ts, msg_id, not_before, chan_att, seq):
     """Header words 1..5 of the record at word index w (the commit word is written by the caller)."""
     data64[w + R_TS] = ts
@@ -410,7 +410,7 @@ def next_position(pos, w0, s):
     return pos + record_bytes(w0 & LOW32)
 
 
-@njit(**KERNEL)
+@njit(inline="always", **KERNEL)
 def header_fields(data64, mask, pos, i, out_len, out_flags, out_ts, out_id, out_nb, out_att):
     w = (pos & mask) >> 3
     w0 = load_acquire(data64, w)
@@ -633,12 +633,12 @@ def channel_depth(ctrl, ch):
     return depth + max(load_acquire(ctrl, c + CH_PRIV_SEQ) - priv, 0)
 
 
-@njit(**KERNEL)
+@njit(inline="always", **KERNEL)
 def state_snapshot(ctrl, field):
     return snapshot(ctrl, STATE_GEN, STATE_A, STATE_WORDS, field)
 
 
-@njit(**KERNEL)
+@njit(inline="always", **KERNEL)
 def cursor_snapshot(ctrl, ch, field):
     c = channel_at(ch)
     return snapshot(ctrl, c + CH_GEN, c + CH_A, CH_STATE_WORDS, field)

@@ -63,7 +63,7 @@ FWD_HEAD_SIZE = FWD_HEAD.size
 EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # struct epoll_event (packed)
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _put_le64(data, at, v):
     for k in range(8):
         data[at + k] = (v >> (8 * k)) & 0xFF
@@ -94,7 +94,7 @@ def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at
     ctl = seg_words[a:a + CONTROL_WORDS]
     d = data_at[owner]
     data = seg_bytes[d:d + capacity[owner]]
-    at = ring_claim(ctl, data, size, FORWARD)
+    at = ring_claim(ctl, data, size, np.int64(FORWARD))  # typed: no Literal copy of ring_claim
     if at < 0:
         return False
     _put_le64(data, at, n)
@@ -102,7 +102,8 @@ def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at
     _put_le64(data, at + 16, 0)  # defer ms
     _put_le64(data, at + 24, name_len)
     p = at + FWD_HEAD_SIZE
-    data[p:p + name_len] = names[t, :name_len]
+    for i in range(name_len):  # not a slice assignment: see records.pack_bodies
+        data[p + i] = names[t, i]
     pack_bodies(buf, st[ST_OFF, :n], st[ST_LEN, :n], data, p + name_len)
     ring_commit(ctl)
     return True

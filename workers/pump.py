@@ -47,7 +47,7 @@ import select
 import time
 
 import numpy as np
-from numba import njit
+from numba import int64, njit
 
 from ipc import sysio as S
 from nsqpy.protocol.errors import MpubFailed, PubFailed
@@ -76,7 +76,7 @@ _PUB = np.frombuffer(b"PUB ", np.uint8).copy()
 _MPUB = np.frombuffer(b"MPUB ", np.uint8).copy()
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _name_hash(buf, start, n):
     h = np.uint64(1469598103934665603)
     for i in range(n):
@@ -109,7 +109,8 @@ def _insert_topic(name, names, name_lens, table, t):
     slot = _name_hash(name, 0, n)
     while table[slot] >= 0:
         slot = (slot + 1) & (TABLE_SLOTS - 1)
-    names[t, :n] = name
+    for i in range(n):  # not names[t, :n] = name: a slice assignment compiles numba's broadcasting (~2 s cold)
+        names[t, i] = name[i]
     name_lens[t] = n
     table[slot] = t
 
@@ -171,7 +172,7 @@ def lone_mpub_line(buf, at, got, max_msg, max_body):
     return nl, n
 
 
-@njit(cache=True)
+@njit(cache=True, inline="always")
 def _stage(st, k, fd, fd_gen, t, off, length, n, last):
     st[ST_FD, k] = fd
     st[ST_GEN, k] = fd_gen
@@ -182,7 +183,7 @@ def _stage(st, k, fd, fd_gen, t, off, length, n, last):
     st[ST_LAST, k] = last
 
 
-@njit(cache=True)
+@njit(cache=True, locals={"cur": int64})  # cur = 0 would first compile lone_*_line for Literal[int](0)
 def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts):
     counts[0] = 0
     counts[1] = 0

@@ -114,3 +114,18 @@ def test_runs_of_several_records_release_together():
                            lambda j, first, count: calls.append((first, count)) or j == 0) == 2
     assert calls == [(0, 2), (2, 5)]
     assert len(_records(link)) == 5
+
+
+def test_pack_bodies_writes_lengths_then_bodies_and_refuses_what_does_not_fit():
+    src = np.frombuffer(b"abcdefg", np.uint8)
+    offs, lens = np.array([0, 3], np.int64), np.array([3, 4], np.int64)
+    out = np.zeros(2 + 16 + 7, np.uint8)
+    assert R.pack_bodies(src, offs, lens, out, 2) == out.size
+    assert np.frombuffer(out[2:18].tobytes(), "<i8").tolist() == [3, 4]
+    assert out[18:].tobytes() == b"abcdefg"
+    before = out.copy()
+    with pytest.raises(IndexError):
+        R.pack_bodies(src, offs, lens, out, 3)  # one byte short: nothing written
+    with pytest.raises(IndexError):
+        R.pack_bodies(src, np.array([0, 4], np.int64), lens, out, 2)  # the second body runs past src
+    assert np.array_equal(out, before)
