@@ -14,7 +14,7 @@ Theory of operation (see ARCHITECTURE.md for the whole broker):
   producers follow their topics to the owner too (``move_producer``).
 * Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries), commit
   the pump's lone PUBs, deliver to channels that have both messages and ready consumers, then flush every session
-  that has output.
+  that has output. A commit of lone PUBs delivers and flushes before it sends their OKs (``_deliver_and_flush``).
 
 The worker's jobs each have a module of their own, mixed into ``Worker``: publishing and the rings
 (``forwarding.py``), topics, channels and control commands (``registry.py``), timers and deferred messages
@@ -298,7 +298,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             self._retry_parked()
         if self.pump.staged:
             self._catch_up()
-            self.pump.commit(self._publish_staged, self.move_producer)
+            self.pump.commit(self._publish_staged, self.move_producer, self._deliver_and_flush)
         if self.from_scanner.drain(self._on_scanner):
             more = True
         epoch = self.control.scanner_epoch()
@@ -308,6 +308,19 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         if self.table_blocked and len(self.inflight) < self.inflight.capacity:
             self.pending |= self.table_blocked  # slots were freed: resume the channels the full table stopped
             self.table_blocked.clear()
+        if self._deliver_and_flush():
+            more = True
+        self.stats.poll()
+        if more or self.pending:
+            return True
+        return not self.links.prepare_sleep(self.index, self._inputs_empty)
+
+    def _deliver_and_flush(self):
+        """Deliver to every channel with messages and ready consumers, then send every session's output; True if
+        a channel has more to deliver now. Also run by the pump's commit between its publishes and its OKs, so
+        the messages of lone PUBs reach their consumers first: the OK's send wakes the producer, which on a busy
+        host may take this worker's CPU before the delivery (an OK is never held longer than one delivery round)."""
+        more = False
         if self.pending:
             pending, self.pending = self.pending, set()
             for ch in pending:
@@ -328,10 +341,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             dirty, self.dirty = self.dirty, []
             for s in dirty:
                 s.flush()
-        self.stats.poll()
-        if more or self.pending:
-            return True
-        return not self.links.prepare_sleep(self.index, self._inputs_empty)
+        return more
 
 
 EXIT_UNSAVED = 4  # the worker stopped without saving its messages: the supervisor must keep its shared memory

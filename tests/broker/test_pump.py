@@ -468,3 +468,28 @@ def test_auto_placement_moves_a_slow_producer_to_the_owner_and_a_fast_one_out(ns
             assert ks == ["first"] + [str(k) for k in range(sent[i])], f"producer {i} out of order"
         assert sorted(seen) == list(range(len(conns)))
         c.expect_no_frame(within=0.3)
+
+
+def test_a_lone_pub_reaches_its_consumer_before_its_ok_goes_out(nsqd_factory):
+    """One worker holds the producer and the consumer: the commit of a lone PUB delivers and flushes before it
+    sends the OK (the OK's send wakes the producer, which could take the worker's CPU before the delivery). On
+    loopback a send is in the peer's receive queue when it returns, so once the OK is read the message is
+    already readable: a zero-timeout read finds it."""
+    nsqd = nsqd_factory("--workers=1")
+    topic = unique()
+    with Conn(nsqd.address) as p, consumer(nsqd.address, topic, "ch", rdy=100) as c:
+        p.publish(topic, b"first")  # the parser's path: it creates the topic, the pump then knows its name
+        assert c.read_message().body == b"first"
+        for k in range(20):
+            p.send(C.pub(topic, b"m%d" % k))
+            p.expect_response(b"OK")
+            c.sock.setblocking(False)
+            try:
+                data = c.sock.recv(1 << 16)
+            except BlockingIOError:
+                data = b""
+            finally:
+                c.sock.settimeout(30)
+            assert data, f"message {k}: its OK came first"
+            c.frames.extend(c.decoder.feed(data))
+            assert c.read_message().body == b"m%d" % k
