@@ -98,12 +98,19 @@ class Forwarding:
 
     def _publish_staged(self, topic, buf, offsets, lengths):
         """The pump's lone PUBs of this iteration for one topic, as one batch -> True (their OKs follow), False
-        (E_PUB_FAILED) or a Parked publish (the pump adds their sessions to it; see Pump.commit)."""
+        (E_PUB_FAILED) or a Parked publish (the pump adds their sessions to it; see Pump.commit). For a topic of
+        ours, the channels that can take them deliver and flush before this returns, so before the OKs; a
+        session that flush closes gets no OK (the pump checks its fd's generation)."""
         now = time.time_ns()
         owner = owner_of(topic, self.plan.workers)
         try:
             if owner == self.index:
-                return self.get_topic(topic).append(buf, offsets, lengths, now)
+                ok = self.get_topic(topic).append(buf, offsets, lengths, now)
+                if self.pending:
+                    # deliver and flush now, before the pump sends the OKs: an OK's send wakes its producer,
+                    # which on a busy host may take this worker's CPU before the consumers got the messages
+                    self._deliver_and_flush()
+                return ok
             return self._forward(owner, topic, buf, offsets, lengths, now, 0)
         except StorageError:
             return False  # already logged; the pump answers E_PUB_FAILED

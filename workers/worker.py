@@ -14,7 +14,7 @@ Theory of operation (see ARCHITECTURE.md for the whole broker):
   producers follow their topics to the owner too (``move_producer``).
 * Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries), commit
   the pump's lone PUBs, deliver to channels that have both messages and ready consumers, then flush every session
-  that has output. A commit of lone PUBs delivers and flushes before it sends their OKs (``_deliver_and_flush``).
+  that has output. Lone PUBs to our own topics reach their consumers before their OKs go out (``_publish_staged``).
 
 The worker's jobs each have a module of their own, mixed into ``Worker``: publishing and the rings
 (``forwarding.py``), topics, channels and control commands (``registry.py``), timers and deferred messages
@@ -298,7 +298,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             self._retry_parked()
         if self.pump.staged:
             self._catch_up()
-            self.pump.commit(self._publish_staged, self.move_producer, self._deliver_and_flush)
+            self.pump.commit(self._publish_staged, self.move_producer)
         if self.from_scanner.drain(self._on_scanner):
             more = True
         epoch = self.control.scanner_epoch()
@@ -317,9 +317,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
 
     def _deliver_and_flush(self):
         """Deliver to every channel with messages and ready consumers, then send every session's output; True if
-        a channel has more to deliver now. Also run by the pump's commit between its publishes and its OKs, so
-        the messages of lone PUBs reach their consumers first: the OK's send wakes the producer, which on a busy
-        host may take this worker's CPU before the delivery (an OK is never held longer than one delivery round)."""
+        a channel has more to deliver now. Also run after the pump's lone PUBs to a topic of ours, before their
+        OKs go out (``_publish_staged``)."""
         more = False
         if self.pending:
             pending, self.pending = self.pending, set()
