@@ -14,7 +14,8 @@ Theory of operation (see ARCHITECTURE.md for the whole broker):
   producers follow their topics to the owner too (``move_producer``).
 * Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries), commit
   the pump's lone PUBs, deliver to channels that have both messages and ready consumers, then flush every session
-  that has output. Lone PUBs to our own topics reach their consumers before their OKs go out (``_publish_staged``).
+  that has output. Sessions given messages flush first, and lone PUBs to our own topics deliver before the
+  pump's OKs (``_publish_staged``): a PUB's consumers get it before its producer gets the OK.
 
 The worker's jobs each have a module of their own, mixed into ``Worker``: publishing and the rings
 (``forwarding.py``), topics, channels and control commands (``registry.py``), timers and deferred messages
@@ -103,6 +104,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.topics_by_index = {}
         self.channels_by_key = {}
         self.dirty = []
+        self.delivered = []  # sessions given message frames since the last flush: flushed before the rest
         self.pending = set()
         self.table_blocked = set()     # channels stopped by a full in-flight table
         self.touched = set()           # topics whose low-water marks may have moved since the last reclaim pass
@@ -262,6 +264,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             out = np.empty(need, np.uint8)
             end = log.write_frames(out, 0, positions, attempts)
         s.write(memoryview(out)[:end])
+        self.delivered.append(s)
 
     def _fault_injection(self, log, positions):
         """--crash-on-body (tests only): die as a kernel bug would, on framing a message that starts so."""
@@ -316,9 +319,10 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         return not self.links.prepare_sleep(self.index, self._inputs_empty)
 
     def _deliver_and_flush(self):
-        """Deliver to every channel with messages and ready consumers, then send every session's output; True if
-        a channel has more to deliver now. Also run after the pump's lone PUBs to a topic of ours, before their
-        OKs go out (``_publish_staged``)."""
+        """Deliver to every channel with messages and ready consumers, then send every session's output, the
+        sessions given messages first (a PUB's OK goes after the message it published); True if a channel has
+        more to deliver now. Also run after the pump's lone PUBs to a topic of ours, before their OKs go out
+        (``_publish_staged``)."""
         more = False
         if self.pending:
             pending, self.pending = self.pending, set()
@@ -338,8 +342,13 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             self.sync_due()  # before the replies go out: --sync-every=1 answers after the sync (group commit)
         if self.dirty:
             dirty, self.dirty = self.dirty, []
-            for s in dirty:
+            delivered, self.delivered = self.delivered, []
+            for s in delivered:  # messages first: a reply's send (an OK) wakes its client, which may take our CPU
                 s.flush()
+            for s in dirty:  # a session flushed above has nothing left: no-op
+                s.flush()
+        elif self.delivered:
+            self.delivered.clear()  # only sessions whose earlier output still waits for the socket (writer set)
         return more
 
 

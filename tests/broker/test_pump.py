@@ -470,18 +470,21 @@ def test_auto_placement_moves_a_slow_producer_to_the_owner_and_a_fast_one_out(ns
         c.expect_no_frame(within=0.3)
 
 
-def test_a_lone_pub_reaches_its_consumer_before_its_ok_goes_out(nsqd_factory):
-    """One worker holds the producer and the consumer: the commit of a lone PUB delivers and flushes before it
-    sends the OK (the OK's send wakes the producer, which could take the worker's CPU before the delivery). On
-    loopback a send is in the peer's receive queue when it returns, so once the OK is read the message is
-    already readable: a zero-timeout read finds it."""
+@pytest.mark.parametrize("pipelined", [False, True])
+def test_a_pub_reaches_its_consumer_before_its_ok_goes_out(nsqd_factory, pipelined):
+    """One worker holds the producer and the consumer. A lone PUB (the pump's) is delivered and flushed before
+    the pump sends its OK; a PUB followed by a NOP in the same write (the parser's) has its OK queued first, and
+    the worker flushes the sessions given messages before the others. Either way the OK's send, which wakes
+    the producer (and could take the worker's CPU), comes after the message's. On loopback a send is in the
+    peer's receive queue when it returns, so once the OK is read the message is already readable: a
+    zero-timeout read finds it."""
     nsqd = nsqd_factory("--workers=1")
     topic = unique()
     with Conn(nsqd.address) as p, consumer(nsqd.address, topic, "ch", rdy=100) as c:
         p.publish(topic, b"first")  # the parser's path: it creates the topic, the pump then knows its name
         assert c.read_message().body == b"first"
         for k in range(20):
-            p.send(C.pub(topic, b"m%d" % k))
+            p.send(C.pub(topic, b"m%d" % k) + (C.nop() if pipelined else b""))
             p.expect_response(b"OK")
             c.sock.setblocking(False)
             try:
