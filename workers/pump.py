@@ -109,7 +109,7 @@ def _insert_topic(name, names, name_lens, table, t):
     slot = _name_hash(name, 0, n)
     while table[slot] >= 0:
         slot = (slot + 1) & (TABLE_SLOTS - 1)
-    for i in range(n):  # not names[t, :n] = name: a slice assignment compiles numba's broadcasting (~2 s cold)
+    for i in range(n):  # not names[t, :n] = name: a slice assignment compiles numba's broadcasting
         names[t, i] = name[i]
     name_lens[t] = n
     table[slot] = t
@@ -453,14 +453,13 @@ class Pump:
                 s.on_data(buf[off:off + n].tobytes())
 
     # ---- committing ------------------------------------------------------------------------------------
-    def commit(self, publish, move, before_replies=None):
+    def commit(self, publish, move):
         """Publish what ``read`` staged: ``publish(topic, buf, offsets, lengths)`` for each topic -> True
         (stored), False (refused: E_PUB_FAILED) or a parked publish (the ring to the topic's owner is full: it
         kept a copy, and each of its sessions is added to it with ``parked.add(session)``, which stops reading
-        the session until the OK can go); then ``before_replies()`` (the worker delivers and flushes there), then
-        the OKs, then ``move(session, worker)`` for each producer that should live with its topics' owner. Must
-        run before the next ``read`` (the bodies are still in the read buffer). A session closed by
-        ``before_replies`` gets no OK (its generation changed)."""
+        the session until the OK can go); then the OKs, then ``move(session, worker)`` for each producer that
+        should live with its topics' owner. Must run before the next ``read`` (the bodies are still in the read
+        buffer). A session that ``publish`` closed gets no OK (its generation changed)."""
         n = self.staged
         if not n:
             return
@@ -481,8 +480,6 @@ class Pump:
                     failed[t] = ok
         for t, ok in failed.items():
             self.failed[t] = FAILED if ok is False else PARKED
-        if before_replies is not None:
-            before_replies()
         k, attention, m = _settle_and_send(
             st, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic, self.ok_frame, self.sent[:n],
             self.sw, self.me, self.mode, self.rates, time.monotonic(), self.topic_owner, self.streak,

@@ -60,7 +60,7 @@ def pack_bodies(src, offsets, lengths, out, at):
             out[at + 8 * i + k] = (v >> (8 * k)) & 0xFF
     p = at + 8 * n
     for i in range(n):  # copy_bytes, not out[p:p + k] = src[o:o + k]: a slice assignment compiles numba's
-        copy_bytes(out, p, src, offsets[i], lengths[i])  # broadcasting and its messages, ~2 s on a cold cache
+        copy_bytes(out, p, src, offsets[i], lengths[i])  # broadcasting and its messages on a cold cache
         p += lengths[i]
     return p
 

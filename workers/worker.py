@@ -340,15 +340,11 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
                                    f"{traceback.format_exc().strip()}")
         if self._unsynced:
             self.sync_due()  # before the replies go out: --sync-every=1 answers after the sync (group commit)
-        if self.dirty:
-            dirty, self.dirty = self.dirty, []
+        if self.dirty or self.delivered:
             delivered, self.delivered = self.delivered, []
-            for s in delivered:  # messages first: a reply's send (an OK) wakes its client, which may take our CPU
-                s.flush()
-            for s in dirty:  # a session flushed above has nothing left: no-op
-                s.flush()
-        elif self.delivered:
-            self.delivered.clear()  # only sessions whose earlier output still waits for the socket (writer set)
+            dirty, self.dirty = self.dirty, []
+            for s in delivered + dirty:  # messages first: a reply's send (an OK) wakes its client, which may take
+                s.flush()                # our CPU; a session flushed twice has nothing left the second time
         return more
 
 
