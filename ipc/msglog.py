@@ -161,8 +161,10 @@ class ShmSegmentProvider(SegmentProvider):
 
 class ReadBatch:
     """What ``read``/``records_at`` found: ``n`` records, their ``positions``, body ``lengths``, ``flags``,
-    ``timestamps``, ``ids``, ``not_before``, ``attempts`` (stored ones: 0 for public records), and
-    ``next_position`` (where ``advance`` moves the cursor to consume all of them)."""
+    ``timestamps``, ``ids``, ``not_before``, ``attempts`` (stored ones: 0 for public records),
+    ``next_position`` (where ``advance`` moves the cursor to consume all of them) and, after ``read``,
+    ``latest_not_before`` (the largest of not_before[:n]: a delivery round that finds it past skips the
+    per-record test)."""
 
     FIELDS = ("positions", "lengths", "flags", "timestamps", "ids", "not_before", "attempts")
 
@@ -173,6 +175,7 @@ class ReadBatch:
          self.attempts) = self._arrays
         self.n = 0
         self.next_position = 0
+        self.latest_not_before = 0
 
     def columns(self):
         return self._arrays[1:]
@@ -635,10 +638,10 @@ class MessageLog(LogCounters):
         """Up to max_n records for channel ch from its cursor, whose V2 frames total at most max_bytes. The
         cursor does not move until ``advance(ch, batch.next_position)``."""
         b = self._batch_for(max_n)
-        n, nxt = K.read_channel(self.ctrl, self.window.data64, ch, max_n, max_bytes, *b._arrays)
+        n, nxt, latest = K.read_channel(self.ctrl, self.window.data64, ch, max_n, max_bytes, *b._arrays)
         if n == NO_CHANNEL:
             raise LogError(f"channel slot {ch} is not open")
-        b.n, b.next_position = int(n), int(nxt)
+        b.n, b.next_position, b.latest_not_before = int(n), int(nxt), int(latest)
         return b
 
     def advance(self, ch: int, position: int) -> int:

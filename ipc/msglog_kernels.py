@@ -427,15 +427,17 @@ def read_channel(ctrl, data64, ch, max_n, max_bytes, out_pos, out_len, out_flags
                  out_att):
     """Up to max_n deliverable records of channel ch from its cursor whose V2 frames total at most max_bytes,
     but at least the first one (max_n > 0), however big its frame: a message over the budget goes alone. Returns
-    (count, position after the last record looked at) or (NO_CHANNEL, 0). Does not move the cursor."""
+    (count, position after the last record looked at, the latest not-before time among those read) or
+    (NO_CHANNEL, 0, 0). Does not move the cursor."""
     if not channel_active(ctrl, ch):
-        return NO_CHANNEL, 0
+        return NO_CHANNEL, 0, 0
     s = seg_size(ctrl)
     mask = window_mask(ctrl)
     head = state_word(ctrl, S_HEAD)
     pos = cursor_word(ctrl, ch, C_CURSOR)
     n = 0
     total = 0
+    latest = 0
     while pos < head and n < max_n:
         w = (pos & mask) >> 3
         w0 = load_acquire(data64, w)
@@ -446,9 +448,10 @@ def read_channel(ctrl, data64, ch, max_n, max_bytes, out_pos, out_len, out_flags
             total += frame
             out_pos[n] = pos
             header_fields(data64, mask, pos, n, out_len, out_flags, out_ts, out_id, out_nb, out_att)
+            latest = max(latest, out_nb[n])
             n += 1
         pos = next_position(pos, w0, s)
-    return n, pos
+    return n, pos, latest
 
 
 @njit(**KERNEL)

@@ -17,8 +17,9 @@ requeued ones) and take a slot only when a consumer gets them.
 What a channel needs from its worker is narrow (a unit test passes a small fake, see
 tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
 ``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end),
-``write_frames(session, log, positions, attempts)``, ``timer_start``/``timer_start_each``/``timer_leave``,
-``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
+``write_frames(session, log, positions, attempts)``, ``timer_start``/``timer_start_each``/``timer_leave``/
+``timer_leave_one``, ``channel_changed(channel)`` (a FIN with nothing left to deliver: the marks a delivery pass
+would make), ``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
 ``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN then records end-to-end
 latencies, ``workers/e2e.py``).
 """
@@ -145,11 +146,12 @@ class Channel:
         if b.n == 0:
             return 0
         n = b.n
-        pos, ids, nb, att = b.positions[:n], b.ids[:n], b.not_before[:n], b.attempts[:n] + 1
+        pos, ids, att = b.positions[:n], b.ids[:n], b.attempts[:n] + 1
         keep = None
         stop = NO_STOP  # the first record that found no in-flight slot: the cursor stops there
-        deferred = nb > now
-        if deferred.any():
+        if b.latest_not_before > now:  # (a comparison of ints: no array test on every round)
+            nb = b.not_before[:n]
+            deferred = nb > now
             stop = self._park_deferred(pos[deferred], ids[deferred], att[deferred] - 1, nb[deferred], now)
             keep = ~deferred
         if s.settings.sample_rate > 0:
@@ -276,19 +278,19 @@ class Channel:
 
     # ---- FIN / REQ / TOUCH -------------------------------------------------------------------------------
     def finish_one(self, s, msg_id):
-        value = hex_to_id(msg_id)
-        slot = IF.ST_NOT_FOUND if value is None else self.worker.inflight.lookup(self.key, value, s.conn_id)
-        if slot < 0:
-            raise FinFailed(f"FIN {msg_id.decode('latin-1')} failed {_fail_text(slot)}")
+        slot = self._lookup(s, msg_id, "FIN", FinFailed)
         table = self.worker.inflight
         table.release(slot)
-        freed = np.array([slot], np.int64)
         if self.e2e is not None:
-            self.e2e.record(self.topic.log, table.slots, freed)
-        self.worker.timer_leave(freed)
+            self.e2e.record(self.topic.log, table.slots, np.array([slot], np.int64))
+        w = self.worker
+        w.timer_leave_one(slot)
         s.in_flight -= 1
         s.finish_count += 1
-        self.wants_delivery()
+        if self.has_messages():
+            self.wants_delivery()
+        else:
+            w.channel_changed(self)  # what a delivery pass marks, without a pass (an unbuffered consumer's FINs)
 
     def finish_batch(self, s, batch):
         n = len(batch)
@@ -320,7 +322,7 @@ class Channel:
     def requeue(self, s, msg_id, timeout_ms):
         slot = self._lookup(s, msg_id, "REQ", ReqFailed)
         table = self.worker.inflight
-        self.worker.timer_leave(np.array([slot], np.int64))
+        self.worker.timer_leave_one(slot)
         if timeout_ms <= 0:
             table.requeue(slot, 0)
             self.requeued.append(slot)
@@ -357,7 +359,7 @@ class Channel:
         deadline = min(now + s.settings.msg_timeout_ms * 1_000_000,
                        info.delivered_ns + self.worker.opts.max_msg_timeout)
         table.touch(slot, deadline)
-        self.worker.timer_leave(np.array([slot], np.int64))
+        self.worker.timer_leave_one(slot)
         self.worker.timer_start_each([slot], [deadline])
 
     # ---- timers and disconnects ------------------------------------------------------------------------

@@ -93,7 +93,12 @@ class Timekeeping:
             self._send_scanner(START, part.tobytes(), int(part[:, 2].min()))
 
     def timer_leave(self, slots):
-        empty = self.timers.leave(slots)
+        self._removed(self.timers.leave(slots))
+
+    def timer_leave_one(self, slot):
+        self._removed(self.timers.leave_one(slot))
+
+    def _removed(self, empty):
         if len(empty):
             self._send_scanner(REMOVE, np.array(empty, np.int64).tobytes())
 

@@ -37,8 +37,12 @@ class TimerBatches:
         """A new batch for these slots (which belong to no batch); -> its handle."""
         b = self._free.pop()
         self.gen[b] += 1
-        self.slot_batch[slots] = b
-        self.live[b] = len(slots)
+        n = len(slots)
+        if n == 1:
+            self.slot_batch[int(slots[0])] = b  # (an unbuffered consumer's every round: no array indexing)
+        else:
+            self.slot_batch[slots] = b
+        self.live[b] = n
         self.members[b] = np.array(slots, np.int64)
         return b
 
@@ -78,6 +82,15 @@ class TimerBatches:
         if len(empty) > 64:
             empty = np.unique(empty)  # _maybe_free skips repeats, one Python step each
         return self._maybe_free(empty.tolist())
+
+    def leave_one(self, slot):
+        """``leave`` for one slot (a FIN's) in plain ints: no array indexing on every FIN."""
+        b = int(self.slot_batch[slot])
+        if b < 0:
+            return ()
+        self.slot_batch[slot] = -1
+        self.live[b] -= 1
+        return self._maybe_free((b,))
 
     def _maybe_free(self, batches):
         empty = []

@@ -318,6 +318,11 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             return True
         return not self.links.prepare_sleep(self.index, self._inputs_empty)
 
+    def channel_changed(self, ch):
+        """ch delivered or finished: its topic's low-water mark and statistics may have moved."""
+        self.touched.add(ch.topic)
+        self.stats.changed.add(ch.topic.name)
+
     def _deliver_and_flush(self):
         """Deliver to every channel with messages and ready consumers, then send every session's output, the
         sessions given messages first (a PUB's OK goes after the message it published); True if a channel has
@@ -327,8 +332,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         if self.pending:
             pending, self.pending = self.pending, set()
             for ch in pending:
-                self.touched.add(ch.topic)
-                self.stats.changed.add(ch.topic.name)
+                self.channel_changed(ch)
                 try:
                     if ch.deliver():
                         self.pending.add(ch)

@@ -315,6 +315,21 @@ def test_frame_bytes_exact(small_log):
         log.write_frames(out, 40, np.array([pos]), np.array([2]))
 
 
+def test_read_reports_latest_not_before(small_log):
+    """A delivery round tests its records' not-before times only when the latest of those it read is ahead."""
+    log, *_ = small_log
+    ch = log.open_channel()
+    bodies = np.frombuffer(b"abc", np.uint8)
+    ones = np.ones(3, np.int64)
+    log.append_batch(bodies, np.arange(3, dtype=np.int64), ones, ones, np.arange(1, 4, dtype=np.int64),
+                     not_before=np.array([0, 500, 200], np.int64))
+    assert log.read(ch, 1, 1000).latest_not_before == 0
+    b = log.read(ch, 10, 1000)
+    assert b.n == 3 and b.latest_not_before == 500
+    log.advance(ch, b.next_position)
+    assert log.read(ch, 10, 1000).latest_not_before == 0  # nothing read
+
+
 def test_torn_batch_is_invisible_and_overwritten(small_log):
     """An owner killed inside append_batch leaves bodies and commit words after the gate; recovery drops them."""
     log, ctrl, prefix, tmp_path = small_log

@@ -75,6 +75,12 @@ class FakeWorker:
     def timer_leave(self, slots):
         pass
 
+    def timer_leave_one(self, slot):
+        pass
+
+    def channel_changed(self, ch):
+        self.touched.add(ch.topic)
+
     def slots_of_channel(self, key):
         table = self.inflight
         return [s for s in range(table.capacity) if table.slot(s).state and table.slot(s).channel == key]

@@ -61,3 +61,26 @@ def test_a_message_bigger_than_a_round_goes_alone(setup):
     drain(ch)
     assert s.received == [b"small", big, b"after"]
     assert worker.rounds[1] == len(big) + FRAME_OVERHEAD  # alone in its round
+
+
+def test_a_fin_asks_for_a_delivery_pass_only_when_something_waits(setup):
+    """An unbuffered consumer (RDY 1) FINs every message: a FIN that leaves nothing to deliver marks what a pass
+    would (the topic's low-water mark may move) without queueing an empty pass; one that leaves work queues it."""
+    worker, log, ch = setup(capacity=8)
+    ids = [7001, 7002]
+    for body, msg_id in zip((b"a", b"b"), ids):
+        log.append(body, time.time_ns(), msg_id, 0)
+    s = FakeSession(1, rdy=1)
+    ch.add_consumer(s)
+    ch.deliver()
+    assert s.received == [b"a"]
+    worker.pending.clear()
+    ch.finish_one(s, b"%016x" % ids[0])
+    assert ch in worker.pending and s.in_flight == 0  # b waits: a pass is due
+    worker.pending.clear()
+    ch.deliver()
+    assert s.received == [b"a", b"b"]
+    worker.touched.clear()
+    ch.finish_one(s, b"%016x" % ids[1])
+    assert ch not in worker.pending and ch.topic in worker.touched and s.finish_count == 2
+    assert len(worker.inflight) == 0

@@ -17,6 +17,18 @@ def test_batch_reported_empty_once_its_last_slot_leaves():
     assert list(tb.leave(slots(2, 3))) == []  # no longer in a batch: nothing to report again
 
 
+def test_leave_one_is_leave_of_one_slot():
+    tb = TimerBatches(16)
+    b = tb.add(slots(1, 2))
+    tb.hold(b, 100)
+    assert list(tb.leave_one(1)) == []
+    assert list(tb.leave_one(2)) == []  # held: dropped, never reported
+    assert tb.take_held() == [] and list(tb.leave_one(2)) == []
+    c = tb.add(slots(3))
+    assert list(tb.leave_one(3)) == [c] and tb.slot_batch[3] == -1 and tb.live[c] == 0
+    assert list(tb.leave_one(3)) == []  # no longer in a batch: nothing to report again
+
+
 def test_leave_across_batches_reports_each_emptied_batch_once():
     tb = TimerBatches(16)
     a = tb.add(slots(0, 1))
