@@ -1,7 +1,8 @@
 """nsqpy against other NSQ-compatible brokers, scenario by scenario, with the ratios in one JSON line.
 
     python -m benchmarks.compare [--target nsqd=127.0.0.1:4150 ...] [--target-commit nsqd=v1.3.0 ...] [--rounds 3]
-        [--runfor 5s] [--connections N] [--scenarios writer,reader,pub,latency] [--latency-rate 10000[,...]]
+        [--runfor 5s] [--connections N] [--scenarios writer,reader,pub,latency,roundtrip]
+        [--latency-rate 10000[,...]]
         [--latency-modes defaults,unbuffered] [--nsqpy-command CMD] [--plot DIR] [--out FILE]
 
 nsqpy is started here (fresh --data-path, port 0; ready once it logs its `TCP: listening on` line, waited on
@@ -15,6 +16,7 @@ hits all alike), each in a topic of its own so no run reads another's backlog:
 | reader     | bench_reader, RDY 2500, --count = what `writer` just wrote               | ops/s (higher)     |
 | pub        | bench_writer --batch-size 1 (one PUB per round trip)                     | ops/s (higher)     |
 | latency    | latency at --latency-rate msgs/s, once per --latency-modes consumer mode | p99 µs (lower)     |
+| roundtrip  | roundtrip: PUB, receive (RDY 1, unbuffered), FIN, OK; one at a time      | µs each (lower)    |
 
 Latency runs once per round and target with every mode of --latency-modes (default defaults,unbuffered: the
 consumer's IDENTIFY with NSQ's client defaults, output buffer 16 KiB / 250 ms, and with output_buffer_size -1;
@@ -43,11 +45,12 @@ from benchmarks.process import ListeningProcess, run_tool
 NSQPY_COMMAND = ("{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 "
                  "--data-path={data_path}")
 # scenario -> (figure key in its result, True when higher is better); latency adds one key per mode
-FIGURES = {"writer": ("ops_per_s", True), "reader": ("ops_per_s", True), "pub": ("ops_per_s", True)}
+FIGURES = {"writer": ("ops_per_s", True), "reader": ("ops_per_s", True), "pub": ("ops_per_s", True),
+           "roundtrip": ("us_per_round_trip", False)}
 LATENCY = ("p99_us", False)
 
 
-SCENARIOS = ("writer", "reader", "pub", "latency")
+SCENARIOS = ("writer", "reader", "pub", "latency", "roundtrip")
 
 
 def latency_key(mode: str, rate: int, rates: list[int]) -> str:
@@ -83,6 +86,9 @@ def run_scenarios(address: str, topic: str, opts) -> list[tuple[str, str, dict]]
     if "pub" in opts.scenarios:
         _, results["pub"] = run_tool("benchmarks.bench_writer", *common, *runfor, "--topic", topic + "_pub",
                                      "--batch-size", "1", "--size", "200")
+    if "roundtrip" in opts.scenarios:
+        _, results["roundtrip"] = run_tool("benchmarks.roundtrip", "--nsqd-tcp-address", address, "--no-ceiling",
+                                           *runfor, "--topic", topic + "_rt", "--size", "200")
     out = [(scenario, scenario, result) for scenario, result in results.items()]
     if "latency" not in opts.scenarios:
         return out
@@ -146,7 +152,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--runfor", type=duration_s, default=5.0, help="per throughput run and latency phase")
     p.add_argument("--connections", type=int, default=CORES)
     p.add_argument("--scenarios", type=scenarios_list, default=list(SCENARIOS),
-                   help="comma-separated subset of writer,reader,pub,latency (default all)")
+                   help="comma-separated subset of writer,reader,pub,latency,roundtrip (default all)")
     p.add_argument("--latency-rate", type=positive_ints("messages per second"), default=[10000],
                    help="msgs/s of the latency scenario; several (comma-separated) are reported apart")
     p.add_argument("--latency-modes", type=modes_list, default=["defaults", "unbuffered"],

@@ -60,13 +60,22 @@ def test_latency(nsqpy):
         assert 0 < phase["p50_us"] <= phase["p99_us"] <= phase["max_us"]
 
 
+def test_roundtrip_with_its_ceiling(nsqpy):
+    code, result = run_tool("benchmarks.roundtrip", "--nsqd-tcp-address", nsqpy.address_text, "--runfor", "1s",
+                            "--ceiling-runfor", "0.5s", "--topic", "smoke_roundtrip", timeout=120)
+    assert code == 0 and result["errors"] == 0
+    for got in (result, result["ceiling"]):
+        assert got["round_trips"] > 0 and got["us_per_round_trip"] > 0
+        assert 0 < got["p50_us"] <= got["p99_us"] <= got["max_us"]
+
+
 def test_compare_starts_nsqpy_itself(tmp_path):
     code, result = run_tool("benchmarks.compare", "--rounds", "1", "--runfor", "1s", "--latency-rate", "1000",
                             "--target-commit", "before=1013cfa", "--out", str(tmp_path / "c.json"), timeout=300)
     assert code == 0
     assert result["errors"] == 0
     assert result["target_commits"] == {"before": "1013cfa"}
-    assert {r["scenario"] for r in result["runs"]} == {"writer", "reader", "pub", "latency"}
+    assert {r["scenario"] for r in result["runs"]} == {"writer", "reader", "pub", "latency", "roundtrip"}
     assert all(r["result"]["errors"] == 0 for r in result["runs"])
     assert all(v["nsqpy"] > 0 for v in result["medians"].values())
 

@@ -140,12 +140,15 @@ def test_compare_reports_latency_per_mode():
                             ("nsqpy", "unbuffered", 50.0), ("go", "unbuffered", 25.0)]]
     runs.append({"target": "nsqpy", "scenario": "pub", "result": {"ops_per_s": 10.0}})
     runs.append({"target": "go", "scenario": "pub", "result": {"ops_per_s": 20.0}})
+    runs.append({"target": "nsqpy", "scenario": "roundtrip", "result": {"us_per_round_trip": 90.0}})
+    runs.append({"target": "go", "scenario": "roundtrip", "result": {"us_per_round_trip": 45.0}})
     table = compare.figures(["defaults", "unbuffered"])
     medians, ratios = compare.summarize(runs, ["nsqpy", "go"], table)
     assert medians["latency_defaults"] == {"nsqpy": 200.0, "go": 400.0}
     assert medians["latency_unbuffered"] == {"nsqpy": 50.0, "go": 25.0}
     assert ratios["latency_defaults"] == {"go": 0.5} and ratios["latency_unbuffered"] == {"go": 2.0}
     assert ratios["pub"] == {"go": 0.5} and "latency" not in medians
+    assert ratios["roundtrip"] == {"go": 2.0}  # nsqpy's time over Go's: above 1 is slower
 
 
 def test_compare_keys_latency_by_mode_and_rate_when_several_rates():
