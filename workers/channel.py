@@ -19,9 +19,9 @@ tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred
 ``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end),
 ``write_frames(session, log, positions, attempts)``, ``timer_start``/``timer_start_each``/``timer_leave``/
 ``timer_leave_one``, ``channel_changed(channel)`` (a FIN with nothing left to deliver: the marks a delivery pass
-would make), ``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
-``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN then records end-to-end
-latencies, ``workers/e2e.py``).
+would make), ``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and
+``opts.max_msg_timeout`` (and ``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN
+then records end-to-end latencies, ``workers/e2e.py``).
 """
 import collections
 import itertools
