@@ -41,8 +41,9 @@ def test_unfinished_messages_survive_a_clean_restart(nsqd_factory, flags):
         p.expect_response(b"OK")
     a = consumer(n1.address, topic, "a", rdy=50)   # takes the backlog: will FIN 50, hold 20 in flight
     b = consumer(n1.address, topic, "b", rdy=0)    # gets nothing before the restart
-    _drain(a, 50)
-    a.send(C.rdy(20))
+    first = _drain(a, 50, fin=False)
+    a.send(C.rdy(0))  # before the FINs: with RDY 50 each FIN would be replaced by a new delivery at once
+    a.send(b"".join(C.fin(m.id) for m in first) + C.rdy(20))
     held = [a.read_message() for _ in range(20)]
     a.send(C.rdy(0))
     for m in held[:5]:
