@@ -7,12 +7,20 @@ Each start gets a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.
 time is from exec to the `TCP: listening on` line. Checkouts alternate within a round, so a drift in the
 machine's load hits both alike. Prints one JSON line (commit, cores, command).
 
+nsqd runs with --log-level=debug, so each start is also split into phases (`runs[name]`, lists per round):
+`*_hello_s`, exec to nsqd's first log line (the interpreter, importing numpy, numba and our modules, some
+kernels loading at import, parsing the flags); `*_kernels_s`, the supervisor's warm-up as nsqd logs it (loading
+every kernel from numba's cache; on a cold start, compiling them first); the rest of the total is salvage,
+shared memory and starting the children until each is ready. A checkout whose nsqd does not log a phase has
+no list for it.
+
 PYTHONDONTWRITEBYTECODE is removed from the started nsqd's environment (this workplace's shells set it): with it,
 every start compiles our modules' source again, which no installed nsqd does (pip writes the .pyc files of an
 install; an editable checkout writes them on its first start), so the warm figure would not be an operator's.
 """
 import argparse
 import os
+import re
 import shutil
 import signal
 import statistics
@@ -25,19 +33,30 @@ from benchmarks.common import emit, environment, git_commit, log
 from benchmarks.process import LISTENING, REPO
 
 
+HELLO = re.compile(rb"INFO: nsqd v")
+KERNELS = re.compile(rb"kernels ready in ([0-9.]+)s")
+
+
 def start_time(checkout, cache_home, workers):
+    """-> (seconds from exec to listening, {phase: seconds} of those nsqd logged)."""
     data = tempfile.mkdtemp(prefix="nsqpy-first-")
     env = dict(os.environ, XDG_CACHE_HOME=cache_home, PYTHONUNBUFFERED="1")
     env.pop("NUMBA_CACHE_DIR", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module docstring
     t0 = time.monotonic()
     proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
-                             f"--data-path={data}", f"--workers={workers}"], cwd=checkout, env=env,
+                             f"--data-path={data}", f"--workers={workers}", "--log-level=debug"], cwd=checkout, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
+    phases = {}
     try:
         for line in proc.stdout:
+            if "hello_s" not in phases and HELLO.search(line):
+                phases["hello_s"] = time.monotonic() - t0
+            kernels = KERNELS.search(line)
+            if kernels:
+                phases["kernels_s"] = float(kernels.group(1))
             if LISTENING.search(line):
-                return time.monotonic() - t0
+                return time.monotonic() - t0, phases
         raise SystemExit(f"{checkout}: nsqd exited with {proc.wait()} before listening")
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -60,12 +79,15 @@ def main(argv=None):
         for name, checkout in checkouts.items():
             cache = tempfile.mkdtemp(prefix="nsqpy-cache-")
             try:
-                cold = start_time(checkout, cache, opts.workers)
-                warm = start_time(checkout, cache, opts.workers)
+                cold, cold_phases = start_time(checkout, cache, opts.workers)
+                warm, warm_phases = start_time(checkout, cache, opts.workers)
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
             runs[name]["cold_s"].append(round(cold, 2))
             runs[name]["warm_s"].append(round(warm, 2))
+            for kind, phases in (("cold", cold_phases), ("warm", warm_phases)):
+                for phase, seconds in phases.items():
+                    runs[name].setdefault(f"{kind}_{phase}", []).append(round(seconds, 3))
             log(f"round {r} {name}: cold {cold:.1f}s, warm {warm:.2f}s")
     medians = {name: {k: statistics.median(v) for k, v in figs.items()} for name, figs in runs.items()}
     result = dict(environment(), tool="first_start", workers=opts.workers, runs=runs, medians=medians)

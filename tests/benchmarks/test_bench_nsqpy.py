@@ -100,4 +100,7 @@ def test_first_start_times_a_cold_and_a_warm_start_of_each_checkout():
     for name in ("current", "baseline"):
         cold, warm = result["medians"][name]["cold_s"], result["medians"][name]["warm_s"]
         assert cold > 0 and warm > 0
+        for kind, total in (("cold", cold), ("warm", warm)):  # the phases nsqd logs, each within the start
+            phases = result["medians"][name]
+            assert 0 < phases[f"{kind}_hello_s"] < total and 0 < phases[f"{kind}_kernels_s"] < total
     assert result["baseline_commit"] == git_commit(str(REPO)) == result["commit"]
