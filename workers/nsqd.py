@@ -14,12 +14,16 @@ import platform
 import sys
 import time
 
+# Importing numpy, numba and the kernels numba loads at import creates some 100,000 objects, all of them kept:
+# the collector's passes over them during the imports are a share of every start (benchmarks/first_start.py
+# measures it). Collection resumes right after.
+_collecting = gc.isenabled()
+gc.disable()
 from nsqpy.config import NsqdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
 from nsqpy.store import metadata
 from workers.acceptor import acceptor_main
-from workers import lookupd_link
 from workers.http import bind_http, bind_https, http_main, http_slots, shown_address, split_slots, statsd_main
 from workers.metasync import MetadataSync
 from workers.plan import Plan
@@ -29,6 +33,8 @@ from workers.supervisor import Supervisor
 from workers.tls_context import server_context
 from workers.warmup import warm_up
 from workers.worker import EXIT_UNSAVED, worker_main
+if _collecting:
+    gc.enable()
 
 NSQ_VERSION = "1.3.0"
 
@@ -143,7 +149,8 @@ def _add_http(sup, plan, opts, log, http_sock, https_sock):
 
 
 def _add_lookupd(sup, plan, log):
-    """Registration with nsqlookupd (workers/lookupd_link.py)."""
+    """Registration with nsqlookupd (workers/lookupd_link.py, imported here: asyncio is only needed with it)."""
+    from workers import lookupd_link
     lookupd_link.prepare(plan)
     sup.cleanups.append(lambda: lookupd_link.remove_state(plan))
     sup.add("lookupd", lambda restarted, ready: lookupd_link.lookupd_main(plan, restarted, ready, log))
