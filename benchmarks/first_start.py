@@ -1,11 +1,13 @@
 """How long nsqd takes to listen on its first start after an install (numba's cache empty: every kernel compiles)
 and on later starts (loaded from the cache), optionally next to another checkout (a commit before a change).
 
-    python -m benchmarks.first_start [--rounds=2] [--workers=2] [--baseline-checkout=DIR] [--out=FILE]
+    python -m benchmarks.first_start [--rounds=2] [--workers=2] [--no-http] [--baseline-checkout=DIR] [--out=FILE]
 
 Each start gets a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py) and a fresh data path; the
-time is from exec to the `TCP: listening on` line. Checkouts alternate within a round, so a drift in the
-machine's load hits both alike. Prints one JSON line (commit, cores, command).
+time is from exec to the `TCP: listening on` line. nsqd runs with its HTTP API on (port 0), as an operator's
+does, unless --no-http; then `*_http_s` is the time from exec to the `HTTP: listening on` line (the same moment as
+TCP's for a checkout that prints both once every child is ready). Checkouts alternate within a round, so a drift
+in the machine's load hits both alike. Prints one JSON line (commit, cores, command).
 
 nsqd runs with --log-level=debug, so each start is also split into phases (`runs[name]`, lists per round):
 `*_hello_s`, exec to nsqd's first log line (the interpreter, importing numpy, numba and our modules, some
@@ -35,19 +37,21 @@ from benchmarks.process import LISTENING, REPO
 
 HELLO = re.compile(rb"INFO: nsqd v")
 KERNELS = re.compile(rb"kernels ready in ([0-9.]+)s")
+HTTP_LISTENING = re.compile(rb"HTTP: listening on ")
 
 
-def start_time(checkout, cache_home, workers):
-    """-> (seconds from exec to listening, {phase: seconds} of those nsqd logged)."""
+def start_time(checkout, cache_home, workers, http=True):
+    """-> (seconds from exec to TCP's listening line, {phase: seconds} of those nsqd logged, and http_s)."""
     data = tempfile.mkdtemp(prefix="nsqpy-first-")
     env = dict(os.environ, XDG_CACHE_HOME=cache_home, PYTHONUNBUFFERED="1")
     env.pop("NUMBA_CACHE_DIR", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module docstring
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
-                             f"--data-path={data}", f"--workers={workers}", "--log-level=debug"], cwd=checkout, env=env,
+    proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0",
+                             "--http-address=127.0.0.1:0" if http else "--http-address=", f"--data-path={data}",
+                             f"--workers={workers}", "--log-level=debug"], cwd=checkout, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    phases = {}
+    phases, tcp = {}, None
     try:
         for line in proc.stdout:
             if "hello_s" not in phases and HELLO.search(line):
@@ -55,8 +59,12 @@ def start_time(checkout, cache_home, workers):
             kernels = KERNELS.search(line)
             if kernels:
                 phases["kernels_s"] = float(kernels.group(1))
-            if LISTENING.search(line):
-                return time.monotonic() - t0, phases
+            if tcp is None and LISTENING.search(line):
+                tcp = time.monotonic() - t0
+            if http and HTTP_LISTENING.search(line):
+                phases["http_s"] = time.monotonic() - t0
+            if tcp is not None and (not http or "http_s" in phases):
+                return tcp, phases
         raise SystemExit(f"{checkout}: nsqd exited with {proc.wait()} before listening")
     finally:
         proc.send_signal(signal.SIGTERM)
@@ -68,6 +76,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
+    p.add_argument("--no-http", action="store_true", help="start nsqd with --http-address= (no HTTP API)")
     p.add_argument("--baseline-checkout", default="")
     p.add_argument("--out", default="")
     opts = p.parse_args(argv)
@@ -79,8 +88,8 @@ def main(argv=None):
         for name, checkout in checkouts.items():
             cache = tempfile.mkdtemp(prefix="nsqpy-cache-")
             try:
-                cold, cold_phases = start_time(checkout, cache, opts.workers)
-                warm, warm_phases = start_time(checkout, cache, opts.workers)
+                cold, cold_phases = start_time(checkout, cache, opts.workers, not opts.no_http)
+                warm, warm_phases = start_time(checkout, cache, opts.workers, not opts.no_http)
             finally:
                 shutil.rmtree(cache, ignore_errors=True)
             runs[name]["cold_s"].append(round(cold, 2))
@@ -90,11 +99,13 @@ def main(argv=None):
                     runs[name].setdefault(f"{kind}_{phase}", []).append(round(seconds, 3))
             log(f"round {r} {name}: cold {cold:.1f}s, warm {warm:.2f}s")
     medians = {name: {k: statistics.median(v) for k, v in figs.items()} for name, figs in runs.items()}
-    result = dict(environment(), tool="first_start", workers=opts.workers, runs=runs, medians=medians)
+    result = dict(environment(), tool="first_start", workers=opts.workers, http=not opts.no_http, runs=runs,
+                  medians=medians)
     if "baseline" in medians:
         result["baseline_commit"] = git_commit(opts.baseline_checkout)
-        result["cold_ratio_current_to_baseline"] = round(medians["current"]["cold_s"] / medians["baseline"]["cold_s"],
-                                                         3)
+        for kind in ("cold", "warm"):
+            result[f"{kind}_ratio_current_to_baseline"] = round(medians["current"][f"{kind}_s"]
+                                                                / medians["baseline"][f"{kind}_s"], 3)
     emit(result, opts.out)
 
 

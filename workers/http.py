@@ -176,6 +176,6 @@ def statsd_main(plan, restarted, ready_fd, log, http_port):
     from nsqpy.broker.stats import StatsReader
 
     pusher = StatsdPusher(StatsReader.from_plan(plan), plan.opts, http_port, log)
-    os.write(ready_fd, b"s")
+    os.write(ready_fd, b"d")
     signal.signal(signal.SIGTERM, lambda *a: sys.exit(0))
     pusher.run()

@@ -6,8 +6,9 @@ Builds the options (flags > --config TOML > defaults), checks them against what 
 (``nsqpy.config.support``: a refused security flag such as --tls-cert or --auth-http-address is one FATAL line
 and exit code 1 before anything is created; an accepted flag without effect is one WARNING line), creates the
 shared resources (``workers.plan``), binds the listener, forks the acceptor, the workers and the scanner under
-the supervisor, and prints NSQ's start-up lines once every child reported ready, so that the "listening on" line
-means connections are served.
+the supervisor, and prints NSQ's start-up lines as the children report ready, so that each "listening on" line
+means that listener's connections are served: TCP's once the acceptor, the workers and the scanner are, HTTP's
+once every child is.
 """
 import gc
 import platform
@@ -43,6 +44,7 @@ def version_string():
     return f"nsqd v{NSQ_VERSION}-nsqpy (built w/{platform.python_implementation().lower()}{platform.python_version()})"
 
 
+BROKER_KINDS = b"aws"  # the ready bytes of the acceptor, the workers and the scanner: TCP is served once they wrote
 SHUTDOWN_TIMEOUT = 60.0  # seconds the workers get to save their messages at a stop (then they are killed and
                          # the next start salvages what they left in shared memory)
 MAPS_PER_TOPIC = 4      # control block, segment window, its first segment, slack for a spill segment
@@ -115,11 +117,11 @@ def _prepare(plan, opts, log):
 
 def _add_broker(sup, plan, log):
     """The acceptor, the workers and the scanner, stopped in that order (what feeds the workers first)."""
-    sup.add("acceptor", lambda restarted, ready: acceptor_main(plan, restarted, ready, log))
+    sup.add("acceptor", lambda restarted, ready: acceptor_main(plan, restarted, ready, log), kind=b"a")
     for w in range(plan.workers):
         sup.add(f"worker {w}", lambda restarted, ready, w=w: worker_main(plan, w, restarted, ready, log),
-                stop_order=1, restart_to_stop=True)
-    sup.add("scanner", lambda restarted, ready: scanner_main(plan, restarted, ready, log), stop_order=2)
+                stop_order=1, restart_to_stop=True, kind=b"w")
+    sup.add("scanner", lambda restarted, ready: scanner_main(plan, restarted, ready, log), stop_order=2, kind=b"s")
     counters = {f"worker {w}": w for w in range(plan.workers)}
     counters["scanner"] = -1
     sup.on_restart = lambda child: child.name in counters and plan.control.count_restart(counters[child.name])
@@ -141,11 +143,13 @@ def _add_http(sup, plan, opts, log, http_sock, https_sock):
         sup.cleanups.append(https_sock.close)
         sup.add("https", lambda restarted, ready: http_main(
             plan, https_sock, restarted, ready, log, version_string(), len(tls_slots), opts.http_worker_class,
-            8, tls_slots, tls=True))
+            8, tls_slots, tls=True), kind=b"h")
     sup.add("http", lambda restarted, ready: http_main(plan, http_sock, restarted, ready, log, version_string(),
-                                                       opts.http_workers, opts.http_worker_class, 8, plain_slots))
+                                                       opts.http_workers, opts.http_worker_class, 8, plain_slots),
+            kind=b"h")
     if opts.statsd_address:
-        sup.add("statsd", lambda restarted, ready: statsd_main(plan, restarted, ready, log, plan.http_port))
+        sup.add("statsd", lambda restarted, ready: statsd_main(plan, restarted, ready, log, plan.http_port),
+                kind=b"d")
 
 
 def _add_lookupd(sup, plan, log):
@@ -153,7 +157,13 @@ def _add_lookupd(sup, plan, log):
     from workers import lookupd_link
     lookupd_link.prepare(plan)
     sup.cleanups.append(lambda: lookupd_link.remove_state(plan))
-    sup.add("lookupd", lambda restarted, ready: lookupd_link.lookupd_main(plan, restarted, ready, log))
+    sup.add("lookupd", lambda restarted, ready: lookupd_link.lookupd_main(plan, restarted, ready, log), kind=b"l")
+
+
+def _failed_start(sup, log):
+    log.fatal("a process failed to start")
+    sup.shutdown()
+    return 1
 
 
 def main(argv=None):
@@ -188,13 +198,15 @@ def main(argv=None):
     sup.cleanups.append(lambda: sup.periodic and sync.poll(force=True))
     gc.freeze()  # the children inherit start-up's objects outside the collector: none of them collects them again
     sup.start()
-    if not sup.wait_ready():
-        log.fatal("a process failed to start")
-        sup.shutdown()
-        return 1
-    sup.periodic.append(sync.poll)
+    # TCP is served once the acceptor, the workers and the scanner are ready (the HTTP children, statsd and the
+    # lookupd link start alongside and may take longer: gunicorn's imports); each listener's line says when it is.
+    if not sup.wait_ready(BROKER_KINDS):
+        return _failed_start(sup, log)
     shown = f"[{host}]" if ":" in host else host
     log.info(f"TCP: listening on {shown}:{port}")
+    if not sup.wait_ready():  # the others
+        return _failed_start(sup, log)
+    sup.periodic.append(sync.poll)
     if http_sock is not None:
         log.info(f"HTTP: listening on {shown_address(http_sock)}")
     if https_sock is not None:

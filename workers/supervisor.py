@@ -27,8 +27,9 @@ Exit-code contract
                 system should not restart it either: systemd's ``RestartPreventExitStatus=3``), 1 when forking
                 kept failing (resources may come back: restarting later can help).
 
-Ready: every child writes one byte to the ready pipe when its set-up has succeeded; ``wait_ready`` returns once
-all have, so "listening" lines are printed only when connections will really be served.
+Ready: every child writes one byte to the ready pipe when its set-up has succeeded, a byte that names its kind (a
+worker writes b"w"); ``wait_ready`` returns once all have, or once those of the kinds asked for have, so that each
+"listening" line is printed only when that listener's connections will really be served.
 """
 import errno
 import os
@@ -56,10 +57,11 @@ def backoff(failures, first=BACKOFF_FIRST, cap=BACKOFF_MAX):
 
 class Child:
     __slots__ = ("name", "target", "pid", "started", "quick_deaths", "restarts", "due", "fork_failures",
-                 "stop_order", "restart_to_stop")
+                 "stop_order", "restart_to_stop", "kind")
 
-    def __init__(self, name, target, stop_order=0, restart_to_stop=False):
+    def __init__(self, name, target, stop_order=0, restart_to_stop=False, kind=None):
         self.name = name
+        self.kind = kind  # the byte it writes to the ready pipe (None: not waited for by kind)
         self.stop_order = stop_order  # shutdown stops lower orders first and waits for them
         self.restart_to_stop = restart_to_stop  # waiting for its restart at shutdown: start it to stop it
         self.target = target  # target(restarted: bool, ready_fd: int) -> never returns normally
@@ -82,16 +84,19 @@ class Supervisor:
         self._stopping = False
         self._signals = []
         self._ready_r, self._ready_w = os.pipe()
+        self._ready = {}        # start-up: {kind byte: children of that kind that reported ready}
+        self._waited_kinds = set()  # the kinds a wait_ready by kind saw ready
         self.on_restart = None  # callback(child) after a restart (for stats)
         self.periodic = []      # callables run every loop turn, at most PERIODIC apart (nsqd.dat upkeep)
         self.clean_exit = True  # shutdown: every child exited 0 (none killed, none died with an error)
 
-    def add(self, name, target, stop_order=0, restart_to_stop=False):
+    def add(self, name, target, stop_order=0, restart_to_stop=False, kind=None):
         """``stop_order``: at shutdown, children are stopped in groups of ascending order, each group after the
         previous one exited (nsqd: what feeds the workers first, then the workers, then the scanner).
         ``restart_to_stop``: a child that is waiting for its restart when the shutdown begins is started then
-        (nsqd's workers: their stop saves the messages they hold)."""
-        self.children.append(Child(name, target, stop_order, restart_to_stop))
+        (nsqd's workers: their stop saves the messages they hold). ``kind``: the byte the child writes to the
+        ready pipe, for ``wait_ready`` by kind."""
+        self.children.append(Child(name, target, stop_order, restart_to_stop, kind))
 
     def restart_counts(self):
         """{child name: restarts so far}."""
@@ -138,27 +143,38 @@ class Supervisor:
         for child in self.children:
             self._spawn(child, False)
 
-    def wait_ready(self, timeout=120.0):
-        """Block until every child has reported ready once; False on timeout or a child death."""
-        for child in self.children:
+    def wait_ready(self, kinds=None, timeout=120.0):
+        """Block until every child has reported ready once, or with ``kinds`` (bytes, one per kind) every child of
+        those kinds; False on timeout or the death of a child waited for. Children of kinds an earlier call waited
+        for are not watched again: clients may already be served by them, and ``run`` restarts one that dies."""
+        waited = [c for c in self.children if c.kind is None or c.kind[0] not in self._waited_kinds]
+        if kinds is not None:
+            waited = [c for c in waited if c.kind is not None and c.kind[0] in kinds]
+        for child in waited:
             if not child.pid:
                 self.log.error(f"{child.name} could not be started")
                 return False
-        need = len(self.children)
         deadline = time.monotonic() + timeout
-        while need > 0:
+        while not self._all_ready(waited, kinds):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
             r, _, _ = select.select([self._ready_r], [], [], min(left, 0.2))
             if r:
-                need -= len(os.read(self._ready_r, need))
-            for child in self.children:
+                for kind in os.read(self._ready_r, len(self.children)):
+                    self._ready[kind] = self._ready.get(kind, 0) + 1
+            for child in waited:
                 pid, _ = self._waitpid(child.pid)
                 if pid:
                     self.log.error(f"{child.name} exited during start-up")
                     return False
+        self._waited_kinds.update(kinds or ())
         return True
+
+    def _all_ready(self, waited, kinds):
+        if kinds is None:
+            return sum(self._ready.values()) >= len(self.children)
+        return all(self._ready.get(k, 0) >= sum(c.kind[0] == k for c in waited) for k in kinds)
 
     @staticmethod
     def _waitpid(pid):

@@ -103,4 +103,7 @@ def test_first_start_times_a_cold_and_a_warm_start_of_each_checkout():
         for kind, total in (("cold", cold), ("warm", warm)):  # the phases nsqd logs, each within the start
             phases = result["medians"][name]
             assert 0 < phases[f"{kind}_hello_s"] < total and 0 < phases[f"{kind}_kernels_s"] < total
+            assert phases[f"{kind}_http_s"] >= total - 0.01  # HTTP's line, once every child is ready (TCP: 2 digits)
+    assert result["http"] is True
     assert result["baseline_commit"] == git_commit(str(REPO)) == result["commit"]
+    assert result["cold_ratio_current_to_baseline"] > 0 and result["warm_ratio_current_to_baseline"] > 0

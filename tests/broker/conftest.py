@@ -39,7 +39,8 @@ class Nsqd(LoggedProcess):
 
     @property
     def http_address(self):
-        """(host, port) of the HTTP API, from nsqd's ``HTTP: listening on`` line (logged right after TCP's)."""
+        """(host, port) of the HTTP API, from nsqd's ``HTTP: listening on`` line (logged once the HTTP processes are
+        ready, which can be after TCP's)."""
         m = self.wait_for_line(HTTP_LISTEN_RE, START_DEADLINE)
         return (m.group(1), int(m.group(2)))
 

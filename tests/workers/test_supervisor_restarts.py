@@ -75,8 +75,9 @@ class Lines:
 
 
 class Supervised:
-    """A supervisor process over ``children`` ((name, target) pairs), logging into ``lines``. ``before_run`` runs
-    in it after the children started (to break something there). Leaving the block kills what is still running."""
+    """A supervisor process over ``children`` ((name, target[, kind]) tuples), logging into ``lines``. ``before_run(sup)``
+    runs in it after the children started (to break something there, or to wait for them). Leaving the block kills
+    what is still running."""
 
     def __init__(self, lines, children, before_run=None, **kwargs):
         self.lines = lines
@@ -88,12 +89,12 @@ class Supervised:
                 sup = Supervisor(Logger("", "debug", stream=open(lines.w, "w", closefd=False)),
                                  shutdown_timeout=5.0, **kwargs)
                 sup.on_restart = lambda child: lines.emit(f"on_restart {child.name} {child.restarts}")
-                for name, target in children:
-                    sup.add(name, target)
+                for name, target, *kind in children:
+                    sup.add(name, target, kind=kind[0] if kind else None)
                 sup.trap_stop_signals()
                 sup.start()
                 if before_run:
-                    before_run()
+                    before_run(sup)
                 code = sup.run()
             finally:
                 os._exit(code)
@@ -234,7 +235,7 @@ def test_exit_cannot_run_stops_the_broker_and_says_why():
 def test_a_fork_that_keeps_failing_stops_the_broker_and_says_why():
     lines = Lines()
 
-    def no_more_forks():
+    def no_more_forks(sup):
         def fork():
             raise OSError(11, "Resource temporarily unavailable")
         os.fork = fork  # in the supervisor process only
@@ -245,3 +246,43 @@ def test_a_fork_that_keeps_failing_stops_the_broker_and_says_why():
         for k in range(1, S.FORK_ATTEMPTS + 1):
             lines.wait_for(rf"ERROR: c: cannot fork \(.*\); attempt {k} of {S.FORK_ATTEMPTS}")
         lines.wait_for(rf"FATAL: c: fork failed {S.FORK_ATTEMPTS} times in a row; the broker cannot run")
+
+
+def test_wait_ready_by_kind_returns_before_the_slower_kinds_report():
+    """nsqd prints its TCP line once the broker's children are ready, before the HTTP child may be: wait_ready by
+    kind returns while a child of another kind has not reported; the wait for that kind then returns once it has,
+    even if a child of the first kind died meanwhile (it may already serve clients: run restarts it)."""
+    lines = Lines()
+    go_r, go_w = os.pipe()
+
+    def quick(restarted, ready_fd):
+        lines.emit(f"quick running pid {os.getpid()} restarted {restarted}")
+        os.write(ready_fd, b"w")
+        while True:
+            signal.pause()
+
+    def slow(restarted, ready_fd):
+        os.read(go_r, 1)  # the test's word, given only after the supervisor said the workers were ready
+        os.write(ready_fd, b"h")
+        while True:
+            signal.pause()
+
+    def wait_in_two_steps(sup):
+        lines.emit(f"workers ready {sup.wait_ready(b'w', timeout=DEADLINE)}")
+        lines.emit(f"http ready {sup.wait_ready(timeout=DEADLINE)}")  # the rest
+
+    try:
+        with Supervised(lines, [("w0", quick, b"w"), ("w1", quick, b"w"), ("http", slow, b"h")],
+                        before_run=wait_in_two_steps) as sv:
+            lines.wait_for(r"^workers ready True$")
+            pid = int(lines.wait_for(r"^quick running pid (\d+) restarted False$", seen_too=True).group(1))
+            os.kill(pid, signal.SIGKILL)
+            os.write(go_w, b"g")
+            lines.wait_for(r"^http ready True$")
+            lines.wait_for(r"WARNING: w[01] \(pid \d+\) died \(signal 9\); restarting")
+            lines.wait_for(r"^quick running pid \d+ restarted True$")
+            os.kill(sv.pid, signal.SIGTERM)
+            assert sv.exit_code(DEADLINE) == 0
+    finally:
+        os.close(go_r)
+        os.close(go_w)
