@@ -17,7 +17,8 @@ import time
 
 # Importing numpy, numba and the kernels numba loads at import creates some 100,000 objects, all of them kept:
 # the collector's passes over them during the imports are a share of every start (benchmarks/first_start.py
-# measures it). Collection resumes right after.
+# measures it). Collection resumes right after, with those objects frozen (outside its passes for good: else the
+# first passes after the imports would traverse them all).
 _collecting = gc.isenabled()
 gc.disable()
 from nsqpy.config import NsqdOptions
@@ -34,6 +35,7 @@ from workers.supervisor import Supervisor
 from workers.tls_context import server_context
 from workers.warmup import warm_up
 from workers.worker import EXIT_UNSAVED, worker_main
+gc.freeze()
 if _collecting:
     gc.enable()
 
