@@ -44,7 +44,7 @@ NSQD_DEFAULTS = [
     ("max-deflate-level", "6"), ("snappy", "true"),
     ("workers", str(os.cpu_count())),  # nsqpy only
     ("max-disk-bytes-per-topic", str(16 << 30)),  # nsqpy only
-    ("crash-on-body", ""),  # nsqpy only (fault-injection tests)
+    ("crash-on-body", ""), ("crash-on-forwarded-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
     ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "auto"),
     ("producer-move-in-rate", "2000"), ("producer-move-out-rate", "5000"),
@@ -107,10 +107,10 @@ def test_node_id_is_crc32_of_md5_of_hostname():
 
 def test_nsqpy_only_options_are_marked_and_documented():
     extras = [spec for spec in NsqdOptions.specs() if spec.nsqpy_only]
-    assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic", "crash-on-body", "ring-budget",
-                                              "external-producers", "max-in-flight-per-worker", "http-workers",
-                                              "http-worker-class", "producer-placement", "producer-move-in-rate",
-                                              "producer-move-out-rate"]
+    assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic", "crash-on-body",
+                                              "crash-on-forwarded-body", "ring-budget", "external-producers",
+                                              "max-in-flight-per-worker", "http-workers", "http-worker-class",
+                                              "producer-placement", "producer-move-in-rate", "producer-move-out-rate"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 
 

@@ -294,6 +294,8 @@ class Forwarding:
 
     def _append_forwarded(self, payload):
         topic, offsets, lengths, ts, defer_ms = unpack_forward(payload, self._fwd_off, self._fwd_len)
+        if self._crash_on_forwarded:
+            self._forward_fault_injection(payload, offsets, lengths)
         return self.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
 
     def _on_command(self, payload):
@@ -392,6 +394,8 @@ class Forwarding:
         a, b = int(run[RUN_MSG]), int(run[RUN_MSG] + run[RUN_MSGS])
         topic = bytes(data[run[RUN_NAME]:run[RUN_NAME] + run[RUN_NAME_LEN]]).decode()
         m_offs, m_lens, m_ts = (x[a:b] for x in self._fwd_msgs)
+        if self._crash_on_forwarded:
+            self._forward_fault_injection(data, m_offs, m_lens)
         try:
             ok = self.get_topic(topic).append(data, m_offs, m_lens, m_ts, acknowledged=True)
         except StorageError:
@@ -405,8 +409,9 @@ class Forwarding:
         return True
 
     def _set_aside_forwarded(self, rtype, payload):
-        """The first drain of the ring a poison record came from: set that record aside, append the others."""
-        if self._fwd_k != self._fwd_poison[1]:
+        """The first drain of the ring a poison record came from: set that record aside, append the others (those
+        after it in the same drain too, once ``_fwd_poison`` is cleared)."""
+        if self._fwd_poison is None or self._fwd_k != self._fwd_poison[1]:
             return self._on_forwarded(rtype, payload)
         if rtype == COMMAND:
             self._fwd_poison = None

@@ -177,12 +177,15 @@ class Link:
         offs, lens, types = batch
         data = self.ring.data
         done = 0
-        for k in range(len(offs)):
-            off, length = int(offs[k]), int(lens[k])
-            if handle(int(types[k]), data[off:off + length]) is False:
-                break
-            done += 1
-        return self._release(offs, lens, done)
+        try:
+            for k in range(len(offs)):
+                off, length = int(offs[k]), int(lens[k])
+                if handle(int(types[k]), data[off:off + length]) is False:
+                    break
+                done += 1
+        finally:  # a handler that raised: what it had not finished is offered again, never skipped
+            self._release(offs, lens, done)
+        return done
 
     def drain_runs(self, plan, handle, max_records=DRAIN_BATCH):
         """drain for runs of records: plan(data, offs, lens, types) -> the runs' (first record, record count) in
@@ -193,11 +196,14 @@ class Link:
             return 0
         offs, lens, types = batch
         done = 0
-        for j, (first, count) in enumerate(plan(self.ring.data, offs, lens, types)):
-            if handle(j, first, count) is False:
-                break
-            done += count
-        return self._release(offs, lens, done)
+        try:
+            for j, (first, count) in enumerate(plan(self.ring.data, offs, lens, types)):
+                if handle(j, first, count) is False:
+                    break
+                done += count
+        finally:
+            self._release(offs, lens, done)
+        return done
 
     def _read(self, max_records):
         ring = self.ring

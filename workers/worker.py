@@ -155,6 +155,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         for link in self.pub_out.values():
             set_want_room(link.ring.ctl, 0)  # a dead predecessor may have left it set
         self._crash_on = self.opts.crash_on_body.encode()
+        self._crash_on_forwarded = self.opts.crash_on_forwarded_body.encode()
         self.stats = StatsPublisher(self, plan.stats_board)  # the stats plane: workers/stats.py
         self._init_durability()
         self.saved = False              # stop() wrote every unfinished message to disk (workers/persistence.py)
@@ -270,6 +271,14 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         """--crash-on-body (tests only): die as a kernel bug would, on framing a message that starts so."""
         for p in np.asarray(positions).tolist():
             if log.body(p).startswith(self._crash_on):
+                os.kill(os.getpid(), signal.SIGSEGV)
+
+    def _forward_fault_injection(self, src, offsets, lengths):
+        """--crash-on-forwarded-body (tests only): die as a kernel bug would, on appending a forwarded message
+        that starts so."""
+        marker = self._crash_on_forwarded
+        for off, n in zip(np.asarray(offsets).tolist(), np.asarray(lengths).tolist()):
+            if bytes(src[off:off + min(n, len(marker))]) == marker:
                 os.kill(os.getpid(), signal.SIGSEGV)
 
     def storage_works(self):

@@ -80,18 +80,24 @@ def _records(link):
     return got
 
 
-@pytest.mark.parametrize("refuse_at", [0, 1, 3, 6])
-def test_a_refused_run_is_offered_again_with_everything_after_it(refuse_at):
+def _filled_link():
+    """-> (every record _fill writes, as a drain sees them; a Link over a ring freshly filled the same way)."""
     reference = _ring()
     _fill(reference)
     everything = _records(Link(reference, _Links(), 0))
     ring = _ring()
     _fill(ring)
-    link = Link(ring, _Links(), 0)
-    handled = []
+    return everything, Link(ring, _Links(), 0)
 
-    def plan(data, offs, lens, types):
-        return [(k, 1) for k in range(len(offs))]  # one record per run: every release position is checked
+
+def _one_record_runs(data, offs, lens, types):
+    return [(k, 1) for k in range(len(offs))]  # one record per run: every release position is checked
+
+
+@pytest.mark.parametrize("refuse_at", [0, 1, 3, 6])
+def test_a_refused_run_is_offered_again_with_everything_after_it(refuse_at):
+    everything, link = _filled_link()
+    handled = []
 
     def handle(j, first, count):
         if j == refuse_at:
@@ -99,10 +105,34 @@ def test_a_refused_run_is_offered_again_with_everything_after_it(refuse_at):
         handled.append(first)
         return True
 
-    assert link.drain_runs(plan, handle) == refuse_at
+    assert link.drain_runs(_one_record_runs, handle) == refuse_at
     assert handled == list(range(refuse_at))
     assert _records(link) == everything[refuse_at:]  # offered again, in order, and nothing else
-    assert ring.is_empty()
+    assert link.ring.is_empty()
+
+
+@pytest.mark.parametrize("runs", [False, True])
+@pytest.mark.parametrize("raise_at", [0, 2])
+def test_a_handler_that_raises_leaves_the_rest_to_be_offered_again(runs, raise_at):
+    """A bug in a handler (an exception, caught by the worker's loop) must not skip records: before, the batch
+    stayed read but unreleased, so the ring looked empty and what followed waited for the worker's restart."""
+    everything, link = _filled_link()
+    seen = []
+
+    def handle(k):
+        if k == raise_at:
+            raise RuntimeError("a bug")
+        seen.append(k)
+
+    with pytest.raises(RuntimeError):
+        if runs:
+            link.drain_runs(_one_record_runs, lambda j, first, count: handle(first))
+        else:
+            k = iter(range(len(everything)))
+            link.drain(lambda rtype, payload: handle(next(k)))
+    assert seen == list(range(raise_at))
+    assert _records(link) == everything[raise_at:]  # the one that raised and all after it, in order
+    assert link.ring.is_empty()
 
 
 def test_runs_of_several_records_release_together():
