@@ -2,6 +2,7 @@
 and on later starts (loaded from the cache), optionally next to another checkout (a commit before a change).
 
     python -m benchmarks.first_start [--rounds=2] [--workers=2] [--no-http] [--baseline-checkout=DIR] [--out=FILE]
+    python -m benchmarks.first_start --steps[=I,J,...] [--out=FILE]
 
 Each start gets a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py) and a fresh data path; the
 time is from exec to the `TCP: listening on` line. nsqd runs with its HTTP API on (port 0), as an operator's
@@ -16,11 +17,21 @@ every kernel from numba's cache; on a cold start, compiling them first); the res
 shared memory and starting the children until each is ready. A checkout whose nsqd does not log a phase has
 no list for it.
 
+--steps measures what a first start's compile costs on a host with more cores: each warm-up step
+(workers/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
+cache (its imports, which compile the kernels loaded at import, are not counted). `steps` lists the seconds per
+step; `predicted_kernels_s` deals them out as the warm-up deals them to its compiling processes (step i to
+process i mod P, P = min(steps, cores)) for P = 1, 2, 4, 16 and 64, and takes the busiest process: the warm-up
+phase on a host with P cores as fast as this one's, if compiling processes do not slow each other down. Kernels
+that several steps share compile once per process that needs them, so the P = 1 figure overstates a serial
+warm-up; P = 2 is the one to hold against this host's measured `cold_kernels_s`.
+
 PYTHONDONTWRITEBYTECODE is removed from the started nsqd's environment (this workplace's shells set it): with it,
 every start compiles our modules' source again, which no installed nsqd does (pip writes the .pyc files of an
 install; an editable checkout writes them on its first start), so the warm figure would not be an operator's.
 """
 import argparse
+import json
 import os
 import re
 import shutil
@@ -72,14 +83,70 @@ def start_time(checkout, cache_home, workers, http=True):
         shutil.rmtree(data, ignore_errors=True)
 
 
+STEP_TIMER = """
+import json, sys, time
+from workers import warmup
+steps = warmup._steps(sys.argv[1])
+if sys.argv[2] == "count":
+    print(json.dumps({"steps": len(steps)}))
+    sys.exit(0)
+step = steps[int(sys.argv[2])]
+t0 = time.perf_counter()
+step()
+fn = getattr(step, "func", step)
+print(json.dumps({"name": f"{fn.__module__}.{fn.__qualname__}", "s": time.perf_counter() - t0}))
+"""
+
+
+def step_cost(checkout, index):
+    """Warm-up step ``index`` compiled alone: -> {"name", "s": seconds} ({"steps": how many} for "count")."""
+    cache = tempfile.mkdtemp(prefix="nsqpy-cache-")
+    env = dict(os.environ, XDG_CACHE_HOME=cache)
+    env.pop("NUMBA_CACHE_DIR", None)
+    try:
+        out = subprocess.run([sys.executable, "-c", STEP_TIMER, f"nsqpy-step{os.getpid()}-", str(index)],
+                             cwd=checkout, env=env, capture_output=True, text=True, timeout=600)
+    finally:
+        shutil.rmtree(cache, ignore_errors=True)
+    if out.returncode != 0:
+        raise SystemExit(f"warm-up step {index} failed:\n{out.stderr[-2000:]}")
+    return json.loads(out.stdout.strip().splitlines()[-1])
+
+
+def predicted_kernels_s(seconds, processes):
+    """The warm-up's dealing (step i to process i mod P): -> the busiest process's seconds."""
+    p = max(1, min(len(seconds), processes))
+    return max(sum(seconds[i::p]) for i in range(p))
+
+
+def steps_main(opts):
+    if opts.steps == "all":
+        indices = range(step_cost(REPO, "count")["steps"])
+    else:
+        indices = [int(i) for i in opts.steps.split(",")]
+    steps = []
+    for i in indices:
+        got = step_cost(REPO, i)
+        steps.append({"index": i, "name": got["name"], "s": round(got["s"], 3)})
+        log(f"step {i} {got['name']}: {got['s']:.2f}s")
+    seconds = [x["s"] for x in steps]
+    result = dict(environment(), tool="first_start", mode="steps", steps=steps,
+                  predicted_kernels_s={p: round(predicted_kernels_s(seconds, p), 2) for p in (1, 2, 4, 16, 64)})
+    emit(result, opts.out)
+
+
 def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
+    p.add_argument("--steps", nargs="?", const="all", default=None,
+                   help="time each warm-up step's compile alone (or those at the indices given, e.g. 6,7)")
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-http", action="store_true", help="start nsqd with --http-address= (no HTTP API)")
     p.add_argument("--baseline-checkout", default="")
     p.add_argument("--out", default="")
     opts = p.parse_args(argv)
+    if opts.steps is not None:
+        return steps_main(opts)
     checkouts = {"current": REPO}
     if opts.baseline_checkout:
         checkouts["baseline"] = opts.baseline_checkout

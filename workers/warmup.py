@@ -3,6 +3,7 @@ forks: the children inherit the machine code, so none of them stalls its first c
 milliseconds a kernel takes to load, or seconds to compile on a cold cache, and a restarted child is ready at
 once. Each step drives the real classes on throwaway memory with the argument types production uses.
 """
+import functools
 import os
 import select
 import socket
@@ -171,7 +172,7 @@ def _persistence():
 
 def _steps(prefix):
     """The warm-up steps, costliest first (they are dealt out to the compiling processes in this order)."""
-    return [lambda: _log(prefix.rstrip("-")), fastlane.warm_up, _pump, _inflight, _rings, _protocol, _timers,
+    return [functools.partial(_log, prefix.rstrip("-")), fastlane.warm_up, _pump, _inflight, _rings, _protocol, _timers,
             _deferred, _persistence, records.warm_up, statrows.warm_up, stats.warm_up]
 
 

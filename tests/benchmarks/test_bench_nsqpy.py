@@ -93,6 +93,16 @@ def test_pub_compare_runs_a_fresh_nsqpy_per_run_and_reports_its_cpu():
     assert result["commit"] and result["cores"] >= 1
 
 
+def test_first_start_times_warm_up_steps_compiled_alone_and_deals_them_out():
+    code, result = run_tool("benchmarks.first_start", "--steps", "9,10", timeout=600)
+    assert code == 0
+    assert [s["index"] for s in result["steps"]] == [9, 10] and all(s["s"] > 0 for s in result["steps"])
+    assert [s["name"] for s in result["steps"]] == ["workers.records.warm_up", "ipc.statrows.warm_up"]
+    one, many = result["predicted_kernels_s"]["1"], result["predicted_kernels_s"]["64"]
+    seconds = [s["s"] for s in result["steps"]]
+    assert one == round(sum(seconds), 2) and many == round(max(seconds), 2)  # one process; one each
+
+
 def test_first_start_times_a_cold_and_a_warm_start_of_each_checkout():
     code, result = run_tool("benchmarks.first_start", "--rounds", "1", "--baseline-checkout", str(REPO),
                             timeout=600)
