@@ -154,8 +154,12 @@ class Supervisor:
             if not child.pid:
                 self.log.error(f"{child.name} could not be started")
                 return False
+        if kinds is None:
+            need = {None: len(self.children)}  # every child's byte, whatever its kind
+        else:
+            need = {k: sum(c.kind[0] == k for c in waited) for k in kinds}
         deadline = time.monotonic() + timeout
-        while not self._all_ready(waited, kinds):
+        while not self._all_ready(need):
             left = deadline - time.monotonic()
             if left <= 0:
                 return False
@@ -171,10 +175,11 @@ class Supervisor:
         self._waited_kinds.update(kinds or ())
         return True
 
-    def _all_ready(self, waited, kinds):
-        if kinds is None:
-            return sum(self._ready.values()) >= len(self.children)
-        return all(self._ready.get(k, 0) >= sum(c.kind[0] == k for c in waited) for k in kinds)
+    def _all_ready(self, need):
+        """need: {kind: children} ({None: n} counts every byte)."""
+        if None in need:
+            return sum(self._ready.values()) >= need[None]
+        return all(self._ready.get(k, 0) >= n for k, n in need.items())
 
     @staticmethod
     def _waitpid(pid):

@@ -172,8 +172,8 @@ def _persistence():
 
 def _steps(prefix):
     """The warm-up steps, costliest first (they are dealt out to the compiling processes in this order)."""
-    return [functools.partial(_log, prefix.rstrip("-")), fastlane.warm_up, _pump, _inflight, _rings, _protocol, _timers,
-            _deferred, _persistence, records.warm_up, statrows.warm_up, stats.warm_up]
+    return [functools.partial(_log, prefix.rstrip("-")), fastlane.warm_up, _pump, _inflight, _rings, _protocol,
+            _timers, _deferred, _persistence, records.warm_up, statrows.warm_up, stats.warm_up]
 
 
 def _compile_in_parallel(steps, processes, log):

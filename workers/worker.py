@@ -255,8 +255,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
     def write_frames(self, s, log, positions, attempts):
         """Frame the records at positions into s's output. A round is at most MAX_ROUND_BYTES of frames, unless
         one message is bigger: then it comes alone and gets a buffer of its own size."""
-        if self._crash_on:
-            self._fault_injection(log, positions)
+        if self._crash_on:  # --crash-on-body (tests only): framing a marked message
+            _crash_if_marked((log.body(p) for p in np.asarray(positions).tolist()), self._crash_on)
         out = self._scratch
         try:
             end = log.write_frames(out, 0, positions, attempts)
@@ -267,19 +267,10 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         s.write(memoryview(out)[:end])
         self.delivered.append(s)
 
-    def _fault_injection(self, log, positions):
-        """--crash-on-body (tests only): die as a kernel bug would, on framing a message that starts so."""
-        for p in np.asarray(positions).tolist():
-            if log.body(p).startswith(self._crash_on):
-                os.kill(os.getpid(), signal.SIGSEGV)
-
     def _forward_fault_injection(self, src, offsets, lengths):
-        """--crash-on-forwarded-body (tests only): die as a kernel bug would, on appending a forwarded message
-        that starts so."""
-        marker = self._crash_on_forwarded
-        for off, n in zip(np.asarray(offsets).tolist(), np.asarray(lengths).tolist()):
-            if bytes(src[off:off + min(n, len(marker))]) == marker:
-                os.kill(os.getpid(), signal.SIGSEGV)
+        """--crash-on-forwarded-body (tests only): appending a marked forwarded message."""
+        _crash_if_marked((bytes(src[o:o + n]) for o, n in zip(np.asarray(offsets).tolist(),
+                                                               np.asarray(lengths).tolist())), self._crash_on_forwarded)
 
     def storage_works(self):
         """A store worked after failures: healthy again (as nsqd after its next good disk write)."""
@@ -359,6 +350,13 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             for s in delivered + dirty:  # messages first: a reply's send (an OK) wakes its client, which may take
                 s.flush()                # our CPU; a session flushed twice has nothing left the second time
         return more
+
+
+def _crash_if_marked(bodies, marker):
+    """Fault injection (tests only): die as a kernel bug would, by SIGSEGV, if a body starts with marker."""
+    for body in bodies:
+        if body.startswith(marker):
+            os.kill(os.getpid(), signal.SIGSEGV)
 
 
 EXIT_UNSAVED = 4  # the worker stopped without saving its messages: the supervisor must keep its shared memory

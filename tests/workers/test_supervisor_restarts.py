@@ -75,9 +75,9 @@ class Lines:
 
 
 class Supervised:
-    """A supervisor process over ``children`` ((name, target[, kind]) tuples), logging into ``lines``. ``before_run(sup)``
-    runs in it after the children started (to break something there, or to wait for them). Leaving the block kills
-    what is still running."""
+    """A supervisor process over ``children`` ((name, target[, kind]) tuples), logging into ``lines``.
+    ``before_run(sup)`` runs in it after the children started (to break something there, or to wait for them).
+    Leaving the block kills what is still running."""
 
     def __init__(self, lines, children, before_run=None, **kwargs):
         self.lines = lines
