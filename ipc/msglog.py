@@ -644,6 +644,11 @@ class MessageLog(LogCounters):
         b.n, b.next_position, b.latest_not_before = int(n), int(nxt), int(latest)
         return b
 
+    def read_arrays(self, n: int) -> list:
+        """The result arrays ``read`` would fill for up to n records, for a kernel that reads the log and goes
+        on in compiled code (workers.kernels.deliver_round); ``ReadBatch.FIELDS`` names them."""
+        return self._batch_for(n)._arrays
+
     def advance(self, ch: int, position: int) -> int:
         """Move ch's cursor to position (a record boundary after it); returns the records passed."""
         passed = int(K.advance(self.ctrl, self.window.data64, ch, position))

@@ -16,12 +16,14 @@ requeued ones) and take a slot only when a consumer gets them.
 
 What a channel needs from its worker is narrow (a unit test passes a small fake, see
 tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
-``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end),
-``write_frames(session, log, positions, attempts)``, ``timer_start``/``timer_start_each``/``timer_leave``/
-``timer_leave_one``, ``channel_changed(channel)`` (a FIN with nothing left to deliver: the marks a delivery pass
-would make), ``deferred_changed()``, ``retry_later(channel)``, ``slots_of_channel(key)`` and
-``opts.max_msg_timeout`` (and ``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN
-then records end-to-end latencies, ``workers/e2e.py``).
+``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end, and
+its words ``w`` from ``base``), ``write_frames(session, log, positions, attempts)``, ``round_buffer`` (a uint8
+array for a compiled round's frames, or None: no compiled rounds) with ``send_frames(session, buffer, end)``,
+``timer_start``/``timer_start_each``/``timer_leave``/``timer_leave_one``, ``channel_changed(channel)`` (a FIN
+with nothing left to deliver: the marks a delivery pass would make), ``deferred_changed()``,
+``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
+``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN then records end-to-end
+latencies, ``workers/e2e.py``).
 """
 import collections
 import itertools
@@ -35,7 +37,7 @@ from nsqpy.protocol.ids import hex_to_id
 from ipc.msglog_layout import FRAME_OVERHEAD
 from workers.deferred import DeferredNoSpace
 from workers.e2e import new_window
-from workers.kernels import generations, waiting_positions
+from workers.kernels import deliver_round, generations, waiting_positions
 from workers.suspects import DELIVERY
 
 ROUND = 256            # messages per consumer per round: fairness between consumers vs. calls per message
@@ -132,7 +134,7 @@ class Channel:
                 return False
         if self.blocked:
             return False
-        return self.has_messages() and any(c.ready_for_more() for c in self.consumers)
+        return any(c.ready_for_more() for c in self.consumers) and self.has_messages()
 
     def _deliver_to(self, s, budget):
         now = time.time_ns()
@@ -141,6 +143,10 @@ class Channel:
             return self._redeliver(s, budget, now, deadline)
         if self.due:
             return self._deliver_due(s, budget, now, deadline)
+        if self.worker.round_buffer is not None and s.settings.sample_rate <= 0:
+            n = self._deliver_round(s, budget, now, deadline)
+            if n >= 0:
+                return n
         log = self.topic.log
         b = log.read(self.ch, budget, MAX_ROUND_BYTES)  # at least one record, however big (delivered alone)
         if b.n == 0:
@@ -173,6 +179,21 @@ class Channel:
         log.advance(self.ch, b.next_position if stop == NO_STOP else stop)
         return self._send(s, pos, att, slots, deadline)
 
+    def _deliver_round(self, s, budget, now, deadline):
+        """The usual round from the cursor in one compiled call (``kernels.deliver_round``: read, in-flight slots,
+        cursor, frames); -> messages delivered, or < 0 for a round it leaves to the general path (a deferred
+        record, too few free slots, a round bigger than the worker's frame buffer), which reads again."""
+        w = self.worker
+        log, table, out, suspect = self.topic.log, w.inflight, w.round_buffer, w.suspect
+        win = log.window
+        n, end = deliver_round(log.ctrl, win.data, win.data64, self.ch, budget, MAX_ROUND_BYTES, now, deadline,
+                               table.ctl, table.slots, table.index, self.topic.index, self.key, s.conn_id,
+                               *log.read_arrays(budget), self._slots, out, suspect.w, suspect.base)
+        if n > 0:
+            w.send_frames(s, out, end)
+            self._started(s, self._slots[:n], deadline)
+        return n
+
     def _start(self, s, pos, ids, att, now, deadline):
         """In-flight slots for these messages -> (positions, attempts, slots of those that got one, position of
         the first that found the table full or NO_STOP)."""
@@ -201,11 +222,16 @@ class Channel:
         w.suspect.begin(DELIVERY, self.topic.index, self.key, int(pos[0]), n)
         w.write_frames(s, self.topic.log, pos, att)
         w.suspect.end()
-        w.timer_start(slots, deadline)
+        self._started(s, slots, deadline)
+        return n
+
+    def _started(self, s, slots, deadline):
+        """The slots' messages were framed into s's output: their timer and counts."""
+        n = len(slots)
+        self.worker.timer_start(slots, deadline)
         s.in_flight += n
         s.message_count += n
         self.message_count += n
-        return n
 
     def _table_full(self):
         """No in-flight slot left: stop this pass; the worker resumes the channel once a slot is free."""

@@ -1,4 +1,5 @@
-"""Numba kernels of the worker that read its in-flight table in bulk (the table's own kernels are per slot).
+"""Numba kernels of the worker that read its in-flight table in bulk (the table's own kernels are per slot), and
+``deliver_round``, a whole delivery round in one call.
 
 They read the slot words directly, with the layout constants of ``ipc.inflight``; the worker is the table's only
 writer and these run in the worker, so plain loads are enough.
@@ -6,8 +7,13 @@ writer and these run in the worker, so plain loads are enough.
 import numpy as np
 from numba import njit
 
-from ipc.inflight import (DEFERRED, F_ATTEMPTS, FREE, HALF_WORDS, REQUEUED, S_CHANNEL, S_HALF0, S_LOG_POS, S_TAG,
-                          SLOT_WORDS)
+from ipc.inflight import (C_N_LIVE, DEFERRED, F_ATTEMPTS, FREE, HALF_WORDS, REQUEUED, S_CHANNEL, S_HALF0,
+                          S_LOG_POS, S_TAG, SLOT_WORDS, inflight_start_batch)
+from ipc.msglog_kernels import advance, read_channel, write_frames
+from ipc.msglog_layout import FRAME_OVERHEAD
+from workers.suspects import COUNT, DELIVERY, KEY, KIND, POS, TOPIC
+
+GENERAL = -1   # deliver_round did nothing: the round needs the general path (Channel._deliver_to)
 
 
 @njit(cache=True, nogil=True)
@@ -61,3 +67,48 @@ def generations(table, which):
     gen, pos, att = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
     slot_fields(table.slots, which, gen, pos, att)
     return gen, pos, att
+
+
+@njit(cache=True, nogil=True)
+def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, table_ctl, table_slots, table_index,
+                  topic, key, conn, pos, lens, flags, ts, ids, nb, att, slots, out, words, wbase):
+    """One delivery round from channel ch's cursor in one call: the log read (``read_channel``, at most
+    ``budget`` records and ``max_bytes`` of frames), their in-flight slots for ``conn`` (deadline ``deadline``)
+    into ``slots``, the cursor moved past them, the suspect words naming the round while it is framed into
+    ``out``. -> (records delivered, end of their frames in out); (0, 0) when there was nothing to read.
+
+    It does all of it or nothing: (GENERAL, 0) when a record read is deferred (its not-before lies after
+    ``now``), the table has fewer free slots than records read (the general path grows it or stops the cursor
+    at the first without one), or the frames do not fit ``out``, and (NO_CHANNEL, 0) for a channel not open.
+    The general path then reads again and takes the case. A record whose message already has a slot (re-read
+    after a crash) is passed over, as the general path does. ``att`` receives each delivered record's attempts
+    (stored + 1) next to its position in ``pos``."""
+    n, nxt, latest = read_channel(ctrl, data64, ch, budget, max_bytes, pos, lens, flags, ts, ids, nb, att)
+    if n <= 0:
+        return n, 0
+    if latest > now or table_slots.shape[0] // SLOT_WORDS - table_ctl[C_N_LIVE] < n:
+        return GENERAL, 0
+    total = 0
+    for i in range(n):
+        total += FRAME_OVERHEAD + lens[i]
+    if total > out.shape[0]:
+        return GENERAL, 0
+    for i in range(n):
+        att[i] += 1
+    started = inflight_start_batch(table_ctl, table_slots, table_index, topic, key, conn, now, deadline, ids[:n],
+                                   pos[:n], att[:n], slots[:n])
+    if started != n:  # duplicates: deliver those that got a slot
+        k = 0
+        for i in range(n):
+            if slots[i] >= 0:
+                pos[k], att[k], slots[k] = pos[i], att[i], slots[i]
+                k += 1
+        n = k
+    advance(ctrl, data64, ch, nxt)  # before framing: a worker that dies framing finds the messages in their slots
+    if n == 0:
+        return 0, 0
+    words[wbase + TOPIC], words[wbase + KEY], words[wbase + POS], words[wbase + COUNT] = topic, key, pos[0], n
+    words[wbase + KIND] = DELIVERY
+    end = write_frames(ctrl, data, data64, pos, att, n, out, np.int64(0))
+    words[wbase + KIND] = 0
+    return n, end

@@ -3,6 +3,7 @@ forks: the children inherit the machine code, so none of them stalls its first c
 milliseconds a kernel takes to load, or seconds to compile on a cold cache, and a restarted child is ready at
 once. Each step drives the real classes on throwaway memory with the argument types production uses.
 """
+import contextlib
 import functools
 import os
 import select
@@ -93,12 +94,36 @@ def _inflight():
     table.recover()
 
 
-def _log(prefix):
+@contextlib.contextmanager
+def _throwaway_log(name):
+    """A message log of one segment in shared memory (-> (log, ctrl buffer, provider)), destroyed after."""
     size = 1 << 20
-    ctrl = Segment.create(f"{prefix}-warmup-ctrl", log_ctrl_nbytes(size, size))
-    memory = ShmSegmentProvider(f"{prefix}-warmup-log")
+    ctrl = Segment.create(f"{name}-ctrl", log_ctrl_nbytes(size, size))
+    memory = ShmSegmentProvider(f"{name}-log")
     log = MessageLog.create(ctrl.buf, 0, segment_size=size, mem_bytes=size, memory=memory)
     try:
+        yield log, ctrl.buf, memory
+    finally:
+        log.destroy()
+        ctrl.close()
+        ctrl.unlink()
+        unlink_name(f"{name}-ctrl")
+
+
+def _delivery(prefix):
+    """A compiled delivery round (workers.kernels.deliver_round), as Channel._deliver_round calls it."""
+    with _throwaway_log(f"{prefix}-warmup-round") as (log, _, _):
+        ch = log.open_channel()
+        log.append(b"hello", time.time_ns(), 1)
+        table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
+        win, words = log.window, np.zeros(16, np.int64)
+        K.deliver_round(log.ctrl, win.data, win.data64, ch, 8, 1 << 20, time.time_ns(), time.time_ns() + 10**9,
+                        table.ctl, table.slots, table.index, 1, 1, 5, *log.read_arrays(8), np.empty(8, np.int64),
+                        np.empty(1024, np.uint8), words, 0)
+
+
+def _log(prefix):
+    with _throwaway_log(f"{prefix}-warmup") as (log, ctrl_buf, memory):
         ch = log.open_channel()
         src = np.frombuffer(b"hello world", np.uint8)
         n = 2
@@ -115,12 +140,7 @@ def _log(prefix):
         log.depth(ch)
         log.set_low_water(ch, int(b.positions[0]))
         log.reclaim()
-        MessageLog.attach(ctrl.buf, 0, memory).recover()
-    finally:
-        log.destroy()
-        ctrl.close()
-        ctrl.unlink()
-        unlink_name(f"{prefix}-warmup-ctrl")
+        MessageLog.attach(ctrl_buf, 0, memory).recover()
 
 
 class _Peer:
@@ -172,8 +192,9 @@ def _persistence():
 
 def _steps(prefix):
     """The warm-up steps, costliest first (they are dealt out to the compiling processes in this order)."""
-    return [functools.partial(_log, prefix.rstrip("-")), fastlane.warm_up, _pump, _inflight, _rings, _protocol,
-            _timers, _deferred, _persistence, records.warm_up, statrows.warm_up, stats.warm_up]
+    name = prefix.rstrip("-")
+    return [functools.partial(_log, name), fastlane.warm_up, functools.partial(_delivery, name), _pump, _inflight,
+            _rings, _protocol, _timers, _deferred, _persistence, records.warm_up, statrows.warm_up, stats.warm_up]
 
 
 def _compile_in_parallel(steps, processes, log):

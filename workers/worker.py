@@ -155,6 +155,9 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         for link in self.pub_out.values():
             set_want_room(link.ring.ctl, 0)  # a dead predecessor may have left it set
         self._crash_on = self.opts.crash_on_body.encode()
+        # frames of a compiled delivery round (kernels.deliver_round); None turns those rounds off, so that
+        # --crash-on-body sees every message framed (write_frames)
+        self.round_buffer = None if self._crash_on else self._scratch
         self._crash_on_forwarded = self.opts.crash_on_forwarded_body.encode()
         self.stats = StatsPublisher(self, plan.stats_board)  # the stats plane: workers/stats.py
         self._init_durability()
@@ -264,6 +267,10 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             need = int(log.records_at(positions).lengths[:len(positions)].sum()) + FRAME_OVERHEAD * len(positions)
             out = np.empty(need, np.uint8)
             end = log.write_frames(out, 0, positions, attempts)
+        self.send_frames(s, out, end)
+
+    def send_frames(self, s, out, end):
+        """out[:end], a round's frames, to s's output (flushed by _deliver_and_flush)."""
         s.write(memoryview(out)[:end])
         self.delivered.append(s)
 

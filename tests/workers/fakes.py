@@ -19,6 +19,10 @@ S = 8 << 20
 
 
 class FakeSuspect:
+    def __init__(self):
+        self.w = np.zeros(16, np.int64)  # a compiled round writes its suspect words here
+        self.base = 0
+
     def careful_rounds(self, key):
         return 0
 
@@ -43,7 +47,8 @@ class FakeDirectory:
 class FakeWorker:
     """The parts of workers.worker.Worker a channel uses; frames are recorded as (session, positions)."""
 
-    def __init__(self, capacity):
+    def __init__(self, capacity, compiled=True):
+        self.round_buffer = np.empty(8 << 20, np.uint8) if compiled else None  # as the worker's FRAME_SCRATCH
         self.inflight = InFlightTable.create(np.zeros(inflight_nbytes(capacity), np.uint8), 0, capacity)
         self.deferred = DeferredStore(LocalChunks())
         self.directory = FakeDirectory()
@@ -65,6 +70,16 @@ class FakeWorker:
         self.rounds.append(int(lengths.sum()) + FRAME_OVERHEAD * len(positions))
         s.received.extend(log.body(int(p)) for p in positions)
         s.attempts.extend(int(a) for a in attempts)
+
+    def send_frames(self, s, out, end):
+        """A compiled round's frames, read back as the client would."""
+        self.rounds.append(end)
+        data, at = bytes(out[:end]), 0
+        while at < end:
+            size = int.from_bytes(data[at:at + 4], "big")
+            s.attempts.append(int.from_bytes(data[at + 16:at + 18], "big"))
+            s.received.append(data[at + FRAME_OVERHEAD:at + 4 + size])
+            at += 4 + size
 
     def timer_start(self, slots, key):
         pass
@@ -132,12 +147,14 @@ class FakeSession:
         self.closed = True
 
 
-@pytest.fixture
-def setup(shm_prefix):
+@pytest.fixture(params=[True, False], ids=["compiled-rounds", "general-rounds"])
+def setup(shm_prefix, request):
+    """make(capacity) -> (worker, log, channel); each test runs with the worker's compiled delivery rounds
+    (kernels.deliver_round) and without (the general path alone)."""
     made = []
 
     def make(capacity, mem_segments=4):
-        worker = FakeWorker(capacity)
+        worker = FakeWorker(capacity, compiled=request.param)
         ctrl = mmap.mmap(-1, log_ctrl_nbytes(S, mem_segments * S))
         log = MessageLog.create(ctrl, 0, segment_size=S, mem_bytes=mem_segments * S,
                                 memory=ShmSegmentProvider(f"{shm_prefix}-{len(made)}"))

@@ -84,3 +84,19 @@ def test_a_fin_asks_for_a_delivery_pass_only_when_something_waits(setup):
     ch.finish_one(s, b"%016x" % ids[1])
     assert ch not in worker.pending and ch.topic in worker.touched and s.finish_count == 2
     assert len(worker.inflight) == 0
+
+
+def test_a_record_read_again_while_its_message_is_in_flight_is_passed_over(setup):
+    """After a worker's crash its replacement may read records again whose messages already hold in-flight slots
+    (the cursor is saved less often than slots are taken): those are skipped, the rest delivered, each once."""
+    worker, log, ch = setup(capacity=8)
+    publish(log, [b"a", b"b", b"c"])
+    start = log.cursor(ch.ch)
+    s = FakeSession(1, rdy=2)
+    ch.add_consumer(s)
+    ch.deliver()
+    assert s.received == [b"a", b"b"]
+    assert log.rewind(ch.ch, start)  # as a replacement finds it: a and b in flight, the cursor before them
+    s.rdy = 10
+    drain(ch)
+    assert s.received == [b"a", b"b", b"c"] and s.in_flight == 3 and log.depth(ch.ch) == 0
