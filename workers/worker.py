@@ -301,13 +301,15 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             self._parked_count and self._parked_room()) and not self.stats.requested()
 
     def _idle(self):
-        more = False
-        if self._drain_pub_rings():
-            more = True
+        drained = self._drain_pub_rings()
+        more = drained > 0
         if self._parked_count:
             self._retry_parked()
         if self.pump.staged:
-            self._catch_up()
+            if drained:
+                # what was read was sent after every forward committed before it, and the drain above (after the
+                # read) found those; only a drain that took a batch may have left some of them behind
+                self._catch_up()
             self.pump.commit(self._publish_staged, self.move_producer)
         if self.from_scanner.drain(self._on_scanner):
             more = True
