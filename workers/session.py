@@ -45,7 +45,7 @@ import time
 from time import monotonic
 
 from nsqpy.protocol import commands as C
-from nsqpy.protocol.errors import Invalid, ProtocolError, PubFailed
+from nsqpy.protocol.errors import FinFailed, Invalid, ProtocolError, PubFailed
 from nsqpy.protocol.frames import CLOSE_WAIT_FRAME, HEARTBEAT_FRAME, OK_FRAME, response_frame
 from nsqpy.protocol.identify import default_client_settings, negotiate_identify
 from nsqpy.protocol.states import STATE_SUBSCRIBED
@@ -58,6 +58,9 @@ from workers.transport import upgrade
 MAX_WBUF = 4 * 1024 * 1024
 LINGER = 2.0   # seconds a session closing after a fatal error waits for the client to close first
 VERB = {cls: verb for verb, cls in C.VERBS.items()} | {C.FinBatch: "FIN"}
+
+
+FIN_LINE = len(b"FIN 0123456789abcdef\n")
 
 
 class Session(SessionAuth):
@@ -141,6 +144,15 @@ class Session(SessionAuth):
         if self.held:
             self._held_bytes += data
             return
+        if len(data) == FIN_LINE and data.startswith(b"FIN ") and data[-1] == 10 and self.parser.idle and \
+                self.state == STATE_SUBSCRIBED and not self._tls_missing:
+            # one whole FIN, an unbuffered consumer's every read: straight to the channel, not through the parser
+            # (nothing to keep between reads). One that fails goes the general way below, which answers it.
+            try:
+                self.channel.finish_one(self, data[4:20])
+                return
+            except FinFailed:
+                pass
         was_idle = self.parser.idle
         if self.handle_bytes(data) or was_idle:
             # a command began in this read (the parser was idle, or finished a command in it): if that command is
