@@ -5,7 +5,7 @@ that came back (REQ 0, timeout, due deferred message, a consumer that disconnect
 Delivery is credit-based like RDY itself: a consumer gets up to ``rdy - in_flight`` messages, handed out in
 rounds of at most ``ROUND`` per consumer so that the consumers of a channel share its messages evenly. One round
 for one consumer is one log read, one in-flight ``start_batch`` and one framing call, never a Python loop per
-message. Every state change of a slot is reported to the scanner (START with a deadline, REMOVE), which owns the
+message; the usual round does all three in one compiled call (``kernels.deliver_round``). Every state change of a slot is reported to the scanner (START with a deadline, REMOVE), which owns the
 timers and sends EXPIRED back (``on_expired``).
 
 A message whose ``not_before`` lies in the future (DPUB) is parked in the worker's deferred store
