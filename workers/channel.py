@@ -5,8 +5,9 @@ that came back (REQ 0, timeout, due deferred message, a consumer that disconnect
 Delivery is credit-based like RDY itself: a consumer gets up to ``rdy - in_flight`` messages, handed out in
 rounds of at most ``ROUND`` per consumer so that the consumers of a channel share its messages evenly. One round
 for one consumer is one log read, one in-flight ``start_batch`` and one framing call, never a Python loop per
-message; the usual round does all three in one compiled call (``kernels.deliver_round``). Every state change of a slot is reported to the scanner (START with a deadline, REMOVE), which owns the
-timers and sends EXPIRED back (``on_expired``).
+message; the usual round does all three in one compiled call (``kernels.deliver_round``). Every state change of
+a slot is reported to the scanner (START with a deadline, REMOVE), which owns the timers and sends EXPIRED back
+(``on_expired``).
 
 A message whose ``not_before`` lies in the future (DPUB) is parked in the worker's deferred store
 (``workers/deferred.py``) when the cursor reaches it, so that it is deferred per channel as NSQ does; a REQ with
@@ -18,7 +19,8 @@ What a channel needs from its worker is narrow (a unit test passes a small fake,
 tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
 ``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end, and
 its words ``w`` from ``base``), ``write_frames(session, log, positions, attempts)``, ``round_buffer`` (a uint8
-array for a compiled round's frames, or None: no compiled rounds) with ``send_frames(session, buffer, end)``,
+array for a compiled round's frames, or None: no compiled rounds) with ``send_frames(session, buffer, end,
+sent)`` and ``direct_fd(session)`` (its socket, for a compiled round to send to at once, or -1),
 ``timer_start``/``timer_start_each``/``timer_leave``/``timer_leave_one``, ``channel_changed(channel)`` (a FIN
 with nothing left to deliver: the marks a delivery pass would make), ``deferred_changed()``,
 ``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
@@ -181,16 +183,18 @@ class Channel:
 
     def _deliver_round(self, s, budget, now, deadline):
         """The usual round from the cursor in one compiled call (``kernels.deliver_round``: read, in-flight slots,
-        cursor, frames); -> messages delivered, or < 0 for a round it leaves to the general path (a deferred
-        record, too few free slots, a round bigger than the worker's frame buffer), which reads again."""
+        cursor, frames, and their send when nothing is queued before them); -> messages delivered, or < 0 for a
+        round it leaves to the general path (a deferred record, too few free slots, a round bigger than the
+        worker's frame buffer), which reads again."""
         w = self.worker
         log, table, out, suspect = self.topic.log, w.inflight, w.round_buffer, w.suspect
         win = log.window
-        n, end = deliver_round(log.ctrl, win.data, win.data64, self.ch, budget, MAX_ROUND_BYTES, now, deadline,
-                               table.ctl, table.slots, table.index, self.topic.index, self.key, s.conn_id,
-                               *log.read_arrays(budget), self._slots, out, suspect.w, suspect.base)
+        n, end, sent = deliver_round(log.ctrl, win.data, win.data64, self.ch, budget, MAX_ROUND_BYTES, now,
+                                     deadline, table.ctl, table.slots, table.index, self.topic.index, self.key,
+                                     s.conn_id, *log.read_arrays(budget), self._slots, out, suspect.w,
+                                     suspect.base, w.direct_fd(s))
         if n > 0:
-            w.send_frames(s, out, end)
+            w.send_frames(s, out, end, sent)
             self._started(s, self._slots[:n], deadline)
         return n
 

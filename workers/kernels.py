@@ -11,6 +11,7 @@ from ipc.inflight import (C_N_LIVE, DEFERRED, F_ATTEMPTS, FREE, HALF_WORDS, REQU
                           S_LOG_POS, S_TAG, SLOT_WORDS, inflight_start_batch)
 from ipc.msglog_kernels import advance, read_channel, write_frames
 from ipc.msglog_layout import FRAME_OVERHEAD
+from ipc import sysio as S
 from workers.suspects import COUNT, DELIVERY, KEY, KIND, POS, TOPIC
 
 GENERAL = -1   # deliver_round did nothing: the round needs the general path (Channel._deliver_to)
@@ -71,28 +72,31 @@ def generations(table, which):
 
 @njit(cache=True, nogil=True)
 def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, table_ctl, table_slots, table_index,
-                  topic, key, conn, pos, lens, flags, ts, ids, nb, att, slots, out, words, wbase):
+                  topic, key, conn, pos, lens, flags, ts, ids, nb, att, slots, out, words, wbase, fd):
     """One delivery round from channel ch's cursor in one call: the log read (``read_channel``, at most
     ``budget`` records and ``max_bytes`` of frames), their in-flight slots for ``conn`` (deadline ``deadline``)
     into ``slots``, the cursor moved past them, the suspect words naming the round while it is framed into
-    ``out``. -> (records delivered, end of their frames in out); (0, 0) when there was nothing to read.
+    ``out``, then, with ``fd`` >= 0 (the consumer's socket, nothing queued for it), as much of the frames sent
+    as the socket takes. -> (records delivered, end of their frames in out, bytes of them sent); (0, 0, 0) when
+    there was nothing to read. A send that fails counts as none sent: the caller queues the frames, and the
+    session's flush meets the error.
 
-    It does all of it or nothing: (GENERAL, 0) when a record read is deferred (its not-before lies after
+    It does all of it or nothing: (GENERAL, 0, 0) when a record read is deferred (its not-before lies after
     ``now``), the table has fewer free slots than records read (the general path grows it or stops the cursor
-    at the first without one), or the frames do not fit ``out``, and (NO_CHANNEL, 0) for a channel not open.
+    at the first without one), or the frames do not fit ``out``, and (NO_CHANNEL, 0, 0) for a channel not open.
     The general path then reads again and takes the case. A record whose message already has a slot (re-read
     after a crash) is passed over, as the general path does. ``att`` receives each delivered record's attempts
     (stored + 1) next to its position in ``pos``."""
     n, nxt, latest = read_channel(ctrl, data64, ch, budget, max_bytes, pos, lens, flags, ts, ids, nb, att)
     if n <= 0:
-        return n, 0
+        return n, 0, 0
     if latest > now or table_slots.shape[0] // SLOT_WORDS - table_ctl[C_N_LIVE] < n:
-        return GENERAL, 0
+        return GENERAL, 0, 0
     total = 0
     for i in range(n):
         total += FRAME_OVERHEAD + lens[i]
     if total > out.shape[0]:
-        return GENERAL, 0
+        return GENERAL, 0, 0
     for i in range(n):
         att[i] += 1
     started = inflight_start_batch(table_ctl, table_slots, table_index, topic, key, conn, now, deadline, ids[:n],
@@ -106,9 +110,13 @@ def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, tabl
         n = k
     advance(ctrl, data64, ch, nxt)  # before framing: a worker that dies framing finds the messages in their slots
     if n == 0:
-        return 0, 0
+        return 0, 0, 0
     words[wbase + TOPIC], words[wbase + KEY], words[wbase + POS], words[wbase + COUNT] = topic, key, pos[0], n
     words[wbase + KIND] = DELIVERY
-    end = write_frames(ctrl, data, data64, pos, att, n, out, np.int64(0))
+    start = np.int64(0)
+    end = write_frames(ctrl, data, data64, pos, att, n, out, start)
     words[wbase + KIND] = 0
-    return n, end
+    sent = start
+    if fd >= 0:
+        sent = max(S.send_from(fd, out, start, end), start)
+    return n, end, sent

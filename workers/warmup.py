@@ -119,7 +119,7 @@ def _delivery(prefix):
         win, words = log.window, np.zeros(16, np.int64)
         K.deliver_round(log.ctrl, win.data, win.data64, ch, 8, 1 << 20, time.time_ns(), time.time_ns() + 10**9,
                         table.ctl, table.slots, table.index, 1, 1, 5, *log.read_arrays(8), np.empty(8, np.int64),
-                        np.empty(1024, np.uint8), words, 0)
+                        np.empty(1024, np.uint8), words, 0, -1)
 
 
 def _log(prefix):

@@ -269,10 +269,18 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             end = log.write_frames(out, 0, positions, attempts)
         self.send_frames(s, out, end)
 
-    def send_frames(self, s, out, end):
-        """out[:end], a round's frames, to s's output (flushed by _deliver_and_flush)."""
-        s.write(memoryview(out)[:end])
-        self.delivered.append(s)
+    def send_frames(self, s, out, end, sent=0):
+        """out[:end], a round's frames, of which the first ``sent`` bytes went to s's socket already: the rest to
+        s's output (flushed by _deliver_and_flush)."""
+        if sent < end:
+            s.write(memoryview(out)[sent:end])
+            self.delivered.append(s)
+
+    @staticmethod
+    def direct_fd(s):
+        """s's socket when a compiled round may send its frames at once: nothing is queued for it (they would
+        overtake it). They go before the idle step's sync (--sync-every): only replies, OKs, wait for that."""
+        return -1 if s.wbuf or s.closed else s.fd
 
     def _forward_fault_injection(self, src, offsets, lengths):
         """--crash-on-forwarded-body (tests only): appending a marked forwarded message."""
