@@ -87,15 +87,14 @@ def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, tabl
     The general path then reads again and takes the case. A record whose message already has a slot (re-read
     after a crash) is passed over, as the general path does. ``att`` receives each delivered record's attempts
     (stored + 1) next to its position in ``pos``."""
-    n, nxt, latest = read_channel(ctrl, data64, ch, budget, max_bytes, pos, lens, flags, ts, ids, nb, att)
+    # read_channel keeps the frames within the byte budget, but for a lone record bigger than it: only that one
+    # can outgrow out
+    n, nxt, latest = read_channel(ctrl, data64, ch, budget, min(max_bytes, out.shape[0]), pos, lens, flags, ts,
+                                  ids, nb, att)
     if n <= 0:
         return n, 0, 0
-    if latest > now or table_slots.shape[0] // SLOT_WORDS - table_ctl[C_N_LIVE] < n:
-        return GENERAL, 0, 0
-    total = 0
-    for i in range(n):
-        total += FRAME_OVERHEAD + lens[i]
-    if total > out.shape[0]:
+    if latest > now or table_slots.shape[0] // SLOT_WORDS - table_ctl[C_N_LIVE] < n or \
+            FRAME_OVERHEAD + lens[0] > out.shape[0]:
         return GENERAL, 0, 0
     for i in range(n):
         att[i] += 1
