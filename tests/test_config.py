@@ -47,7 +47,7 @@ NSQD_DEFAULTS = [
     ("crash-on-body", ""), ("crash-on-forwarded-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
     ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "auto"),
-    ("producer-move-in-rate", "2000"), ("producer-move-out-rate", "5000"),
+    ("producer-move-in-rate", "20000"), ("producer-move-out-rate", "40000"),
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
@@ -360,7 +360,7 @@ FLAG_ERRORS = [
     (NsqdOptions, ["-tls-required"], "cannot require TLS client connections (-tls-required, "
                                      "-tls-client-auth-policy) without -tls-cert and -tls-key"),
     (NsqdOptions, ["-tls-cert=c.pem"], "-tls-cert and -tls-key must be given together"),
-    (NsqdOptions, ["-producer-move-out-rate=2000"],
+    (NsqdOptions, ["-producer-move-out-rate=20000"],
      "--producer-move-in-rate must be less than --producer-move-out-rate"),
     (NsqdOptions, ["-nope"], "flag provided but not defined: -nope"),
     (NsqdOptions, ["--nope=1"], "flag provided but not defined: -nope"),

@@ -29,8 +29,9 @@ numba, with libc called directly (``ipc.sysio``):
   second: it adds little to the owner, and saves each message a process hop); Python then also checks that the
   owner was asleep for most forwards and is under its cap of moved producers. On the owner, a producer moved
   in whose MOVE_AFTER one-message commands to the owner's topics came faster than ``move_out_rate`` a second
-  is listed to move out again (to the least loaded other worker): busy producers spread. Cost model in
-  ARCHITECTURE.md.
+  is listed to move out again (to the least loaded other worker): busy producers spread. So is every producer
+  moved in, at the end of its window, while the owner is busy (``set_load``: its loop used more than
+  BUSY_SHARE of a core over the last period). Cost model in ARCHITECTURE.md.
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
 leaves, so an OK staged for a connection that closed, maybe with its fd reused, is never sent), ``clean``,
@@ -62,8 +63,10 @@ MAX_STAGED = 8192           # messages one read call may stage (an MPUB that wou
 MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
 SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
 PLACEMENTS = {"spread": SPREAD, "owner": OWNER, "auto": AUTO}
-RATE_IN, RATE_OUT = 0, 1    # auto: a producer moves to its topics' owner at most rates[RATE_IN] one-message
-                            # commands a second, and out again faster than rates[RATE_OUT]
+RATE_IN, RATE_OUT, OWNER_BUSY = 0, 1, 2   # auto: a producer moves to its topics' owner at most rates[RATE_IN]
+                            # one-message commands a second, and out again faster than rates[RATE_OUT], or at any
+                            # rate while rates[OWNER_BUSY] is 1 (the owner's loop used over BUSY_SHARE of a core)
+BUSY_SHARE = 0.8
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
@@ -271,7 +274,8 @@ def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_
             streak[fd] = 0
             return False
         took = _streak(fd, me, now, streak, streak_owner, streak_t0)
-        return took >= 0 and took * rates[RATE_OUT] < MOVE_AFTER   # faster than that: spread again
+        # faster than that, or this worker is busy: spread again
+        return took >= 0 and (rates[OWNER_BUSY] > 0 or took * rates[RATE_OUT] < MOVE_AFTER)
     if mode == SPREAD:
         return False
     took = _streak(fd, owner, now, streak, streak_owner, streak_t0)
@@ -332,12 +336,12 @@ def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, 
 
 
 class Pump:
-    def __init__(self, max_msg_size, me=0, mode=OWNER, max_body_size=5 << 20, rates=(2000, 5000)):
+    def __init__(self, max_msg_size, me=0, mode=OWNER, max_body_size=5 << 20, rates=(20_000, 40_000)):
         self.max_msg = max_msg_size
         self.max_body = max_body_size
         self.me = me
         self.mode = mode  # --producer-placement: SPREAD, OWNER or AUTO
-        self.rates = np.array(rates, np.float64)  # AUTO's move-in and move-out rates (rows RATE_IN, RATE_OUT)
+        self.rates = np.array((*rates, 0), np.float64)  # AUTO's move-in and move-out rates, and OWNER_BUSY
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
         self.buf = np.empty(BUFFER_SIZE, np.uint8)
@@ -418,6 +422,11 @@ class Pump:
         _insert_topic(np.frombuffer(name.encode(), np.uint8), self.names, self.name_lens, self.table, t)
         self.topics.append(name)
         self.topic_ids[name] = t
+
+    def set_load(self, cpu_s, wall_s):
+        """This worker's loop used cpu_s of CPU in the last wall_s seconds: above BUSY_SHARE of a core, the
+        producers moved here (auto) move out at the end of their current window."""
+        self.rates[OWNER_BUSY] = 1.0 if cpu_s > BUSY_SHARE * wall_s else 0.0
 
     def settle(self, session):
         """Fold the session's tally of lone PUBs into its pub_counts."""

@@ -188,6 +188,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
                                  {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
                                  self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer)
             self.loop.fast_poll = self.lane.poll
+        self._load_mark = (time.process_time(), time.monotonic())
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
         gc.collect()
         gc.freeze()  # start-up's objects (modules, numba's dispatchers) leave the collector's passes for good
@@ -252,6 +253,9 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         # about half of every second
         touched, self.touched = self.touched, set()
         self.refresh_low_water([t for t in touched if not t.deleted])
+        cpu, now = time.process_time(), time.monotonic()
+        self.pump.set_load(cpu - self._load_mark[0], now - self._load_mark[1])  # (auto placement: busy owner?)
+        self._load_mark = (cpu, now)
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
 
     # ---- delivery and flushing -------------------------------------------------------------------------

@@ -235,12 +235,13 @@ class NsqdOptions(DaemonOptions):
                                      "last 64 went to one other worker at most --producer-move-in-rate a second "
                                      "moves there while that worker is mostly idle and has fewer than 4 "
                                      "producers moved to it (its messages skip a process hop: lower latency), "
-                                     "and moves out again above --producer-move-out-rate. Measurements and the "
-                                     "cost model: ARCHITECTURE.md", nsqpy_only=True)
-    producer_move_in_rate: int = option(Int(1, 1 << 30), 2000, "nsqpy only: with --producer-placement=auto, the "
+                                     "and moves out again above --producer-move-out-rate, or at any rate while "
+                                     "that worker's loop uses over 80% of a core. Measurements and the cost "
+                                     "model: ARCHITECTURE.md", nsqpy_only=True)
+    producer_move_in_rate: int = option(Int(1, 1 << 30), 20000, "nsqpy only: with --producer-placement=auto, the "
                                         "most one-message commands a second at which a producer moves to its "
                                         "topics' owner", nsqpy_only=True)
-    producer_move_out_rate: int = option(Int(1, 1 << 30), 5000, "nsqpy only: with --producer-placement=auto, a "
+    producer_move_out_rate: int = option(Int(1, 1 << 30), 40000, "nsqpy only: with --producer-placement=auto, a "
                                          "producer moved to its topics' owner moves to the least loaded other "
                                          "worker above this many one-message commands a second (more than "
                                          "--producer-move-in-rate)", nsqpy_only=True)

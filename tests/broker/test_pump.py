@@ -19,8 +19,8 @@ from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
 from workers.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
-from workers.pump import (AUTO, MOVE_AFTER, OWNER, SPREAD, Pump, find_topic, lone_mpub_line, lone_pub_line,
-                          move_decision)
+from workers.pump import (AUTO, MOVE_AFTER, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, lone_mpub_line,
+                          lone_pub_line, move_decision)
 from workers.records import owner_of
 from wire import Conn, consumer, unique
 
@@ -277,13 +277,13 @@ def test_a_full_topic_does_not_hold_up_other_topics(nsqd_factory):
         c.expect_no_frame(within=0.3)
 
 
-def asks_to_move(mode, owner, times, me=0, moved_in=False, rates=(2000, 5000)):
+def asks_to_move(mode, owner, times, me=0, moved_in=False, rates=(2000, 5000), busy=False):
     """move_decision for one producer (fd 3) whose one-message commands went to topics of worker ``owner`` at
-    ``times`` (seconds): the indices of the commands after which it asked to move."""
+    ``times`` (seconds), this worker busy or not: the indices of the commands after which it asked to move."""
     streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
     streak_t0, moved = np.zeros(8), np.zeros(8, np.uint8)
     moved[3] = moved_in
-    r = np.array(rates, np.float64)
+    r = np.array((*rates, 1 if busy else 0), np.float64)
     return [i for i, now in enumerate(times)
             if move_decision(3, owner, me, mode, r, now, streak, streak_owner, streak_t0, moved)]
 
@@ -308,10 +308,27 @@ def test_placement_decisions_by_mode_and_rate():
     assert asks_to_move(OWNER, 0, FAST, moved_in=True) == []  # owner placement keeps them
 
 
+def test_a_busy_owner_moves_out_the_producers_moved_in_however_slow():
+    """While the owner's loop uses more than BUSY_SHARE of a core, each producer moved in asks to move out at
+    the end of its window; a busy worker does not move producers it accepted, nor stops others moving in."""
+    assert asks_to_move(AUTO, 0, SLOW, moved_in=True, busy=True) == EVERY_WINDOW
+    assert asks_to_move(AUTO, 0, SLOW, busy=True) == []
+    assert asks_to_move(OWNER, 0, SLOW, moved_in=True, busy=True) == []
+    assert asks_to_move(AUTO, 1, SLOW, busy=True) == EVERY_WINDOW  # (the owner's naps are Python's check)
+    p = Pump(1 << 20, 0, AUTO)
+    p.set_load(0.79, 1.0)
+    assert p.rates[OWNER_BUSY] == 0
+    p.set_load(0.81, 1.0)
+    assert p.rates[OWNER_BUSY] == 1
+    p.set_load(0.5, 1.0)
+    assert p.rates[OWNER_BUSY] == 0
+    p.close()
+
+
 def test_a_streak_counts_one_other_worker_and_each_window_is_timed_alone():
     """Commands to a second worker's topics restart the streak; after a fast window a slow one still moves."""
     streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
-    streak_t0, moved, rates = np.zeros(8), np.zeros(8, np.uint8), np.array([2000.0, 5000.0])
+    streak_t0, moved, rates = np.zeros(8), np.zeros(8, np.uint8), np.array([2000.0, 5000.0, 0.0])
     asked = []
     for i in range(MOVE_AFTER - 1):  # slow, but then one to worker 2
         asked.append(move_decision(3, 1, 0, AUTO, rates, i * 0.001, streak, streak_owner, streak_t0, moved))
