@@ -47,7 +47,7 @@ NSQD_DEFAULTS = [
     ("crash-on-body", ""), ("crash-on-forwarded-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
     ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "auto"),
-    ("producer-move-in-rate", "20000"), ("producer-move-out-rate", "40000"),
+    ("producer-move-in-rate", "20000"), ("producer-move-out-rate", "40000"), ("producer-busy-percent", "80"),
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
@@ -110,7 +110,8 @@ def test_nsqpy_only_options_are_marked_and_documented():
     assert [spec.name for spec in extras] == ["workers", "max-disk-bytes-per-topic", "crash-on-body",
                                               "crash-on-forwarded-body", "ring-budget", "external-producers",
                                               "max-in-flight-per-worker", "http-workers", "http-worker-class",
-                                              "producer-placement", "producer-move-in-rate", "producer-move-out-rate"]
+                                              "producer-placement", "producer-move-in-rate", "producer-move-out-rate",
+                                              "producer-busy-percent"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 
 

@@ -30,8 +30,8 @@ numba, with libc called directly (``ipc.sysio``):
   owner was asleep for most forwards and is under its cap of moved producers. On the owner, a producer moved
   in whose MOVE_AFTER one-message commands to the owner's topics came faster than ``move_out_rate`` a second
   is listed to move out again (to the least loaded other worker): busy producers spread. So is every producer
-  moved in, at the end of its window, while the owner is busy (``set_load``: its loop used more than
-  BUSY_SHARE of a core over the last period). Cost model in ARCHITECTURE.md.
+  moved in, at the end of its window, while the owner is busy (``set_load``: it used more than
+  ``busy_share`` of a core over the last period). Cost model in ARCHITECTURE.md.
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
 leaves, so an OK staged for a connection that closed, maybe with its fd reused, is never sent), ``clean``,
@@ -65,8 +65,7 @@ SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
 PLACEMENTS = {"spread": SPREAD, "owner": OWNER, "auto": AUTO}
 RATE_IN, RATE_OUT, OWNER_BUSY = 0, 1, 2   # auto: a producer moves to its topics' owner at most rates[RATE_IN]
                             # one-message commands a second, and out again faster than rates[RATE_OUT], or at any
-                            # rate while rates[OWNER_BUSY] is 1 (the owner's loop used over BUSY_SHARE of a core)
-BUSY_SHARE = 0.8
+                            # rate while rates[OWNER_BUSY] is 1 (the owner used over busy_share of a core)
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
@@ -336,12 +335,14 @@ def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, 
 
 
 class Pump:
-    def __init__(self, max_msg_size, me=0, mode=OWNER, max_body_size=5 << 20, rates=(20_000, 40_000)):
+    def __init__(self, max_msg_size, me=0, mode=OWNER, max_body_size=5 << 20, rates=(20_000, 40_000),
+                 busy_share=0.8):
         self.max_msg = max_msg_size
         self.max_body = max_body_size
         self.me = me
         self.mode = mode  # --producer-placement: SPREAD, OWNER or AUTO
         self.rates = np.array((*rates, 0), np.float64)  # AUTO's move-in and move-out rates, and OWNER_BUSY
+        self.busy_share = busy_share
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
         self.buf = np.empty(BUFFER_SIZE, np.uint8)
@@ -424,9 +425,9 @@ class Pump:
         self.topic_ids[name] = t
 
     def set_load(self, cpu_s, wall_s):
-        """This worker's loop used cpu_s of CPU in the last wall_s seconds: above BUSY_SHARE of a core, the
-        producers moved here (auto) move out at the end of their current window."""
-        self.rates[OWNER_BUSY] = 1.0 if cpu_s > BUSY_SHARE * wall_s else 0.0
+        """This worker used cpu_s of CPU in the last wall_s seconds: above busy_share of a core, the producers
+        moved here (auto) move out at the end of their current window."""
+        self.rates[OWNER_BUSY] = 1.0 if cpu_s > self.busy_share * wall_s else 0.0
 
     def settle(self, session):
         """Fold the session's tally of lone PUBs into its pub_counts."""

@@ -112,7 +112,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self._storage_logged = {}
         self.placement = PLACEMENTS[self.opts.producer_placement]
         self.pump = Pump(self.limits.max_msg_size, index, self.placement, self.limits.max_body_size,
-                         (self.opts.producer_move_in_rate, self.opts.producer_move_out_rate))
+                         (self.opts.producer_move_in_rate, self.opts.producer_move_out_rate),
+                         self.opts.producer_busy_percent / 100)
         self.timers = TimerBatches(self.inflight.capacity)
         self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
         self._topic_seq = 0

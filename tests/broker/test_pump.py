@@ -309,7 +309,7 @@ def test_placement_decisions_by_mode_and_rate():
 
 
 def test_a_busy_owner_moves_out_the_producers_moved_in_however_slow():
-    """While the owner's loop uses more than BUSY_SHARE of a core, each producer moved in asks to move out at
+    """While the owner uses more than its busy share of a core, each producer moved in asks to move out at
     the end of its window; a busy worker does not move producers it accepted, nor stops others moving in."""
     assert asks_to_move(AUTO, 0, SLOW, moved_in=True, busy=True) == EVERY_WINDOW
     assert asks_to_move(AUTO, 0, SLOW, busy=True) == []
@@ -436,13 +436,20 @@ def test_move_out_goes_to_the_least_loaded_other_worker_and_busy_sessions_stay()
     assert w.handed == [(2, False)]
 
 
-@pytest.mark.parametrize("workers", [2, 4])  # 4: more workers than this machine's (and CI's) 2 cores
-def test_auto_placement_moves_a_slow_producer_to_the_owner_and_a_fast_one_out(nsqd_factory, workers):
-    """Real broker, auto placement with low rates (in <= 200/s, out > 400/s): producers publishing lone PUBs
-    every 10 ms move to the topic's owner; once they publish as fast as they can, the owner hands them to another
-    worker again. Every message arrives once, each producer's in order, across both moves."""
-    nsqd = nsqd_factory("--log-level=debug", "--producer-move-in-rate=200", "--producer-move-out-rate=400",
-                        workers=workers)
+MOVE_OUT = {  # why the owner hands a producer moved in to another worker: flags, and the gap between its PUBs
+    "fast": (["--producer-move-out-rate=400"], 0),                                  # it speeds up
+    "busy": (["--producer-move-out-rate=100000", "--producer-busy-percent=0"], 0.01),  # the owner is "busy"
+}
+
+
+@pytest.mark.parametrize("workers,why", [(2, "fast"), (4, "fast"), (2, "busy")])  # 4 workers: more than the cores
+def test_auto_placement_moves_a_slow_producer_to_the_owner_and_out_again(nsqd_factory, workers, why):
+    """Real broker, auto placement with a low move-in rate (200/s): producers publishing lone PUBs every 10 ms
+    move to the topic's owner; the owner hands them to another worker again once they publish faster than the
+    move-out rate (400/s), or, however slow, while it is busy (--producer-busy-percent: 0 makes any CPU use in
+    the last second busy). Every message arrives once, each producer's in order, across the moves."""
+    flags, gap = MOVE_OUT[why]
+    nsqd = nsqd_factory("--log-level=debug", "--producer-move-in-rate=200", *flags, workers=workers)
     topic = unique()
     owner = owner_of(topic, workers)
     conns = [Conn(nsqd.address) for _ in range(4)]
@@ -472,7 +479,7 @@ def test_auto_placement_moves_a_slow_producer_to_the_owner_and_a_fast_one_out(ns
 
     phase(MOVE_AFTER + 1, 0.01)
     nsqd.wait_for_line(re.compile(rf"worker (?!{owner}:)\d+: handed producer .* to worker {owner}\b"), timeout=30)
-    phase(3 * MOVE_AFTER, 0)
+    phase(3 * MOVE_AFTER, gap)
     nsqd.wait_for_line(re.compile(rf"worker {owner}: handed producer .* to worker (?!{owner}\b)\d+"), timeout=30)
     for c in conns:
         c.close()
