@@ -20,9 +20,10 @@ no list for it.
 --steps measures what a first start's compile costs on a host with more cores: each warm-up step
 (workers/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
 cache (its imports, which compile the kernels loaded at import, are not counted). `steps` lists the seconds per
-step; `predicted_kernels_s` deals them out as the warm-up deals them to its compiling processes (step i to
-process i mod P, P = min(steps, cores)) for P = 1, 2, 4, 16 and 64, and takes the busiest process: the warm-up
-phase on a host with P cores as fast as this one's, if compiling processes do not slow each other down. Kernels
+step; `predicted_kernels_s` hands them out as the warm-up's queue does to its compiling processes (each free
+process takes the next step, costliest first; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and
+takes when the last one finishes: the warm-up phase on a host with P cores as fast as this one's, if compiling
+processes do not slow each other down. Kernels
 that several steps share compile once per process that needs them, so the P = 1 figure overstates a serial
 warm-up; P = 2 is the one to hold against this host's measured `cold_kernels_s`.
 
@@ -114,9 +115,12 @@ def step_cost(checkout, index):
 
 
 def predicted_kernels_s(seconds, processes):
-    """The warm-up's dealing (step i to process i mod P): -> the busiest process's seconds."""
-    p = max(1, min(len(seconds), processes))
-    return max(sum(seconds[i::p]) for i in range(p))
+    """The warm-up's queue (each process, when free, takes the next step in order): -> when the last finishes."""
+    free_at = [0.0] * max(1, min(len(seconds), processes))
+    for s in seconds:
+        i = free_at.index(min(free_at))
+        free_at[i] += s
+    return max(free_at)
 
 
 def steps_main(opts):

@@ -198,22 +198,27 @@ def _steps(prefix):
 
 
 def _compile_in_parallel(steps, processes, log):
-    """Cold cache: each of ``processes`` forked children runs a share of the steps, so that numba compiles them
-    on every core at once and writes them to its cache; the caller then loads them all (milliseconds each).
-    Forking here is safe: the supervisor has no thread yet and numba has compiled nothing."""
-    shares = [steps[i::processes] for i in range(processes)]
+    """Cold cache: ``processes`` forked children take the steps one at a time from a shared queue (a pipe of
+    step numbers, costliest first: whoever is free takes the next), so that numba compiles them on every core at
+    once and writes them to its cache; the caller then loads them all (milliseconds each). Dealing them out in
+    fixed shares left one child with most of the work on 2 cores. Forking here is safe: the supervisor has no
+    thread yet and numba has compiled nothing."""
+    queue_r, queue_w = os.pipe()
+    os.write(queue_w, bytes(range(len(steps))))  # a few bytes: far below a pipe's capacity, never blocks
+    os.close(queue_w)                            # so a child reading an empty queue gets end of file
     pids = []
-    for share in shares:
+    for _ in range(processes):
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
-                for step in share:
-                    step()
+                while step := os.read(queue_r, 1):  # one byte: a pipe's reads of it are atomic
+                    steps[step[0]]()
                 code = 0
             finally:
                 os._exit(code)
         pids.append(pid)
+    os.close(queue_r)
     failed = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in pids)
     if failed and log is not None:
         log.warn(f"{failed} of {processes} kernel-compiling processes failed; compiling the rest here")

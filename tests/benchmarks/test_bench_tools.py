@@ -12,7 +12,7 @@ import threading
 
 import pytest
 
-from benchmarks import compare, latency, make_table
+from benchmarks import compare, first_start, latency, make_table
 from benchmarks.process import ListeningProcess, python_module, run_tool
 
 RUN = ["--runfor", "1s", "--connections", "2"]
@@ -163,6 +163,13 @@ def test_compare_keys_latency_by_mode_and_rate_when_several_rates():
         == [1000, 100000]
     with pytest.raises(SystemExit):
         compare.parser().parse_args(["--scenarios", "reader"])   # reader reads what writer wrote
+
+
+def test_first_start_prediction_hands_each_step_to_the_first_free_process():
+    # as the warm-up's queue: 5 and 4 start; 3 goes to the one free at 4, 2 to the one free at 5
+    assert first_start.predicted_kernels_s([5, 4, 3, 2], 2) == 7
+    assert first_start.predicted_kernels_s([5, 4, 3, 2], 1) == 14
+    assert first_start.predicted_kernels_s([5, 4, 3, 2], 64) == 5
 
 
 def test_make_table_rewrites_only_between_the_markers(tmp_path):
