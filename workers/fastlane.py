@@ -11,19 +11,22 @@ and at one message per iteration it sets the round trip (ARCHITECTURE.md, "Singl
 So, when the loop is about to block (its idle step found nothing to do and armed its wake-up flag), it calls
 ``FastLane.poll`` instead of epoll's poll. ``serve`` (compiled) waits on the loop's own epoll set and, as long
 as the only thing ready is the pump and what the pump reads is one-message commands (a PUB, or an MPUB of one
-message, which NSQ's bench_writer sends) for one topic owned by another worker, does the iteration itself: read, pack the staged bodies into one FORWARD record straight into the owner's ring
-(``workers/records.py``'s layout), wake the owner if its flag says it sleeps (``ipc/wake.py``), count the
-forward in ``OwnerNaps``, and send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It
-returns to Python with:
+message, which NSQ's bench_writer sends) for one topic owned by another worker, does the iteration itself:
+read, pack the staged bodies into one FORWARD record straight into the owner's ring (``workers/records.py``'s
+layout), wake the owner if its flag says it sleeps (``ipc/wake.py``), count the forward in ``OwnerNaps``, and
+send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It returns to Python with:
 
 * R_EVENTS: something else is ready (a ring's eventfd, the hand-over channel, a signal, a second ready fd): the
   events, as epoll's poll would have returned them;
 * R_READ: the pump's read found something the lane does not do (data for a session's parser, a closed socket,
-  a PUB to a topic this worker owns or to several topics, an MPUB of several messages, a full ring, a topic its
-  owner marked full, a forward too big for the ring): ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step
-  commits what was staged;
+  a PUB to a topic this worker owns that is not armed or that the kernel gave up on, PUBs to several topics, an
+  MPUB of several messages, a full ring, a topic its owner marked full, a forward too big for the ring):
+  ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step commits what was staged;
 * R_SETTLED: a forward was committed but an OK needs Python (queued output, a partial send), or a tally or a
   producer move does (``Pump.settled``);
+* R_OWN: what the pump read was lone PUBs to the topic of this worker that ``OwnPath`` armed before the call:
+  ``own_publish`` appended them and delivered them to the armed consumers, then their OKs went out; Python's
+  share follows (``OwnPath.done``, then ``Pump.settled`` if needed; ``workers/ownpath.py``);
 * R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
   first forward (the idle step's periodic duties get a turn), or epoll was interrupted.
 
@@ -37,9 +40,10 @@ Batches stay on the Python path: an MPUB of many messages already shares one ite
 forwarding them here too made p99 latency at 100k msgs/s (the latency tool's MPUBs) worse in by-hand A/B runs,
 for no gain a round trip would see.
 
-The worker skips the lane for SKIP_AFTER_MISS loop iterations after a call that forwarded nothing (a worker whose
-producers publish to its own topics, or an owner woken by its rings): each call costs a few microseconds of
-argument unboxing, which only pays when forwards follow.
+The worker skips the lane for SKIP_AFTER_MISS loop iterations after MISSES_BEFORE_SKIP calls in a row that
+neither forwarded nor published (a worker that only serves consumers, or an owner woken by its rings): each call
+costs a few microseconds of argument unboxing, which only pays when forwards or own PUBs follow. (An owner's own
+PUBs alternate with its consumers' FINs, so one miss alone must not turn the lane off.)
 """
 import math
 import time
@@ -52,13 +56,15 @@ from ipc import sysio as S
 from ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from ipc.wake import wake_check
 from workers.handover import owner_nap
+from workers.ownpath import OW_ARMED, OW_T, WORDS, idle_args, own_publish
 from workers.pump import MAX_EVENTS, ST_LEN, ST_N, ST_OFF, ST_TOPIC, _read, _settle_and_send
 from workers.records import FORWARD, FWD_HEAD, pack_bodies
 
-R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT = range(4)
+R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN = range(5)
 RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS = range(7)
 SLICE = 0.005        # seconds a busy lane runs before it lets the idle step run
-SKIP_AFTER_MISS = 32  # loop iterations without the lane after a call that forwarded nothing
+SKIP_AFTER_MISS = 32  # loop iterations without the lane after MISSES_BEFORE_SKIP calls that did nothing
+MISSES_BEFORE_SKIP = 4  # in a row: neither forwarded nor published (an owner's own PUBs alternate with FINs)
 FWD_HEAD_SIZE = FWD_HEAD.size
 EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # struct epoll_event (packed)
 
@@ -115,9 +121,10 @@ def serve(main_ep, events, until, slice_s, me, large, res,
           topic_owner, full_at, full_val, control_words, seg_words, seg_bytes, ctl_at, data_at, capacity,
           wake_flags, eventfds, naps,
           failed, busy, tally, tally_topic, frame, sent, sw, mode, rates, streak, streak_owner, streak_t0, moved_in,
-          movers):
+          movers, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
     """The lane (module docstring): wait on ``main_ep`` until ``until`` (time.monotonic(); < 0: no limit) and
-    forward lone PUBs until something needs Python. ``res`` receives the outcome (RES_* words)."""
+    forward lone PUBs until something needs Python. ``res`` receives the outcome (RES_* words). ``own`` and the
+    arrays after it are the armed own topic's (``workers/ownpath.py``)."""
     res[:] = 0
     stop_at = until
     forwards = 0
@@ -142,6 +149,15 @@ def serve(main_ep, events, until, slice_s, me, large, res,
             break
         t = st[ST_TOPIC, 0]
         owner = topic_owner[t]
+        if owner == me and own[OW_ARMED] and t == own[OW_T] and own_publish(
+                st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
+            counts[0] = 0  # published and delivered: nothing left staged for Python
+            k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame,
+                                               sent[:staged], sw, me, mode, rates, S.monotonic(), topic_owner,
+                                               streak, streak_owner, streak_t0, moved_in, movers)
+            res[RES_CODE] = R_OWN
+            res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
+            break
         if owner == me or control_words[full_at[t]] == full_val[t] or not forward_staged(
                 st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
                 S.realtime_ns(), large):
@@ -175,7 +191,7 @@ class FastLane:
     block (``full_word``: a topic its owner marked full); ``naps`` the worker's ``OwnerNaps``. ``usable()`` says
     whether the lane may run now (no parked publish); ``move(session, worker)`` is the worker's producer move."""
 
-    def __init__(self, pump, main_ep, buf, rings, wakeups, control, naps, large_forward, usable, move):
+    def __init__(self, pump, main_ep, buf, rings, wakeups, control, naps, large_forward, usable, move, own=None):
         self.pump = pump
         self.main_ep = main_ep
         self.poll_plain = main_ep.poll
@@ -205,6 +221,9 @@ class FastLane:
         self.skip = 0
         self.res = np.zeros(RES_FORWARDS + 1, np.int64)
         self.forwards = 0     # forwards the lane committed (statistics, tests)
+        self.own = own        # the owner's own lone PUBs (workers/ownpath.py OwnPath), or None
+        self._no_own = idle_args(np.zeros(WORDS, np.int64))
+        self.misses = 0       # calls in a row that neither forwarded nor published
 
     def _learn(self):
         p = self.pump
@@ -224,6 +243,7 @@ class FastLane:
         if self.known != len(p.topics):
             self._learn()
         res = self.res
+        own = self._no_own if self.own is None else self.own.arm()
         serve(self.main_ep.fileno(), self.events, -1.0 if timeout < 0 else time.monotonic() + timeout, SLICE,
               p.me, self.large, res,
               p.epfd, p.events, p.buf, p.max_msg, p.max_body, p.clean, p.last_read, p.gen, p.names, p.name_lens,
@@ -231,16 +251,28 @@ class FastLane:
               p.topic_owner, self.full_at, self.full_val, self.control_words, self.seg_words, self.seg_bytes,
               self.ctl_at, self.data_at, self.capacity, self.wake_flags, self.eventfds, self.naps,
               p.failed, p.busy, p.tally, p.tally_topic, p.ok_frame, p.sent, p.sw, p.mode, p.rates, p.streak,
-              p.streak_owner, p.streak_t0, p.moved_in, p.movers)
+              p.streak_owner, p.streak_t0, p.moved_in, p.movers, *own)
         code, forwards = int(res[RES_CODE]), int(res[RES_FORWARDS])
         self.forwards += forwards
-        if not forwards:
-            self.skip = SKIP_AFTER_MISS
+        if forwards or code == R_OWN:
+            self.misses = 0
+        else:
+            self.misses += 1
+            if self.misses >= MISSES_BEFORE_SKIP:
+                self.misses = 0
+                self.skip = SKIP_AFTER_MISS
         if code == R_EVENTS:
             ev = self.events[:int(res[RES_EVENTS]) * EVENT_DTYPE.itemsize].view(EVENT_DTYPE)
             return list(zip(ev["fd"].tolist(), ev["events"].tolist()))
         if code == R_READ:
             p.after_read()
+        elif code == R_OWN:
+            staged = int(res[RES_STAGED])
+            p.staged = 0
+            self.own.done(staged)
+            k, attention, m = int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS])
+            if k or attention or m:
+                p.settled(staged, k, attention, m, {}, self.move)
         elif code == R_SETTLED:
             p.settled(int(res[RES_STAGED]), int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS]),
                       {}, self.move)
@@ -254,7 +286,7 @@ class LaneRig:
 
     FULL_AT = 64  # the control words' full-topic slot (one is enough here)
 
-    def __init__(self, capacity=1 << 12, max_msg=1 << 20, large=1 << 20):
+    def __init__(self, capacity=1 << 12, max_msg=1 << 20, large=1 << 20, own=None):
         import select
         from ipc.ring import Ring
         from ipc.wake import Wakeups, make_eventfd
@@ -272,7 +304,7 @@ class LaneRig:
         self.moves = []
         self.parked = False
         self.lane = FastLane(self.pump, self.ep, self.buf, {1: self.ring}, self.wakeups, self, self.naps, large,
-                             lambda: not self.parked, lambda s, w: self.moves.append((s, w)))
+                             lambda: not self.parked, lambda s, w: self.moves.append((s, w)), own)
 
     def full_word(self, w, crc):
         return self.FULL_AT, (1 << 40) | crc

@@ -105,7 +105,9 @@ class Forwarding:
         owner = owner_of(topic, self.plan.workers)
         try:
             if owner == self.index:
-                ok = self.get_topic(topic).append(buf, offsets, lengths, now)
+                t = self.get_topic(topic)
+                self.own_path.hint(t)  # the lane may take this topic's next lone PUBs (workers/ownpath.py)
+                ok = t.append(buf, offsets, lengths, now)
                 if self.pending:
                     # deliver and flush now, before the pump sends the OKs: an OK's send wakes its producer,
                     # which on a busy host may take this worker's CPU before the consumers got the messages

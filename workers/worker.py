@@ -46,6 +46,7 @@ from workers.fastlane import FastLane
 from workers.forwarding import Forwarding
 from workers.handover import Connections, OwnerNaps
 from workers.loop import Loop
+from workers.ownpath import OwnPath
 from workers.persistence import Persistence
 from workers.pump import PLACEMENTS, Pump
 from workers.reclaim import Reclaim
@@ -159,6 +160,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         # frames of a compiled delivery round (kernels.deliver_round); None turns those rounds off, so that
         # --crash-on-body sees every message framed (write_frames)
         self.round_buffer = None if self._crash_on else self._scratch
+        self.own_path = OwnPath(self)   # the lane publishes lone PUBs to our own topics (workers/ownpath.py)
         self._crash_on_forwarded = self.opts.crash_on_forwarded_body.encode()
         self.stats = StatsPublisher(self, plan.stats_board)  # the stats plane: workers/stats.py
         self._init_durability()
@@ -187,7 +189,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         if self.pub_out:
             self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
                                  {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
-                                 self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer)
+                                 self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
+                                 self.own_path)
             self.loop.fast_poll = self.lane.poll
         self._load_mark = (time.process_time(), time.monotonic())
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)

@@ -1,0 +1,252 @@
+"""The owner's lone PUBs in the lane (workers/ownpath.py) without a broker: the lane's rig (a real pump, epoll and
+sockets), a real message log in shared memory and a real in-flight table; the worker, topic, channels and
+consumers are small fakes with just what ``OwnPath`` reads. Each message must be appended once, reach its
+consumer before its OK reaches the producer, and everything the kernel does not take must come back to Python
+untouched (staged for the commit, nothing written)."""
+import collections
+import socket
+import struct
+import time
+from types import SimpleNamespace
+
+import numpy as np
+import pytest
+
+from ipc import msglog_kernels as MK
+from ipc.inflight import C_N_LIVE, InFlightTable, inflight_nbytes
+from nsqpy.protocol import client as C
+from nsqpy.protocol.frames import FRAME_MESSAGE, OK_FRAME
+from nsqpy.protocol.ids import IdGenerator
+from workers.fastlane import LaneRig, serve
+from workers.ownpath import OwnPath
+from workers.suspects import Suspect
+from workers.warmup import _throwaway_log
+
+from test_fastlane import add_client, recv_exactly
+
+
+class Worker:
+    def __init__(self, pump):
+        self.pump = pump
+        self.topics = {}
+        self.inflight = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
+        self.round_buffer = np.empty(1 << 16, np.uint8)
+        self.suspect = Suspect(np.zeros(16, np.int64), 0)
+        self.pending = set()
+        self.stats = SimpleNamespace(changed=set())
+        self.storage_failing = False
+        self.pub_pending = SimpleNamespace(any=lambda: False)
+        self.frames = []    # (session, bytes the socket did not take)
+        self.changed = []
+
+    @staticmethod
+    def direct_fd(s):
+        return -1 if s.wbuf or s.closed else s.fd
+
+    def send_frames(self, s, out, end, sent=0):
+        if sent < end:
+            self.frames.append((s, bytes(out[sent:end])))
+
+    def channel_changed(self, ch):
+        self.changed.append(ch)
+
+
+class Topic:
+    def __init__(self, name, log):
+        self.name, self.log = name, log
+        self.deleted = self.durable = self.full = self.paused = False
+        self.channels = {}
+        self.ids = IdGenerator(7)
+        self.index = 3
+        self.message_count = self.message_bytes = 0
+
+
+class Channel:
+    def __init__(self, topic, name, key):
+        self.topic, self.name, self.key = topic, name, key
+        self.ch = topic.log.open_channel()
+        topic.log.advance(self.ch, topic.log.head)  # what the fixture appended is behind it
+        self.consumers = []
+        self.paused = self.deleted = False
+        self.requeued, self.due = collections.deque(), collections.deque()
+        self._rr = 0
+        self.started = []
+        topic.channels[name] = self
+
+    def _started(self, s, slots, deadline):
+        self.started.append((s, slots.tolist(), deadline))
+        s.in_flight += len(slots)
+
+
+class Consumer:
+    def __init__(self, conn_id, rdy):
+        self.sock, self.peer = socket.socketpair()
+        self.sock.setblocking(False)
+        self.fd = self.sock.fileno()
+        self.conn_id, self.rdy, self.in_flight = conn_id, rdy, 0
+        self.settings = SimpleNamespace(msg_timeout_ms=60_000, sample_rate=0)
+        self.wbuf = b""
+        self.closed = False
+
+    def ready_for_more(self):
+        return self.in_flight < self.rdy
+
+    def message(self):
+        """(attempts, id, body) of the next MSG frame."""
+        size, kind = struct.unpack(">ii", recv_exactly(self.peer, 8))
+        assert kind == FRAME_MESSAGE
+        rest = recv_exactly(self.peer, size - 4)
+        return struct.unpack(">H", rest[8:10])[0], int(rest[10:26], 16), rest[26:]
+
+    def close(self):
+        self.sock.close()
+        self.peer.close()
+
+
+@pytest.fixture
+def own():
+    rig = LaneRig()
+    worker = Worker(rig.pump)
+    rig.lane.own = OwnPath(worker)
+    rig.pump.learn_topic("ours", 0)
+    socks = []
+    with _throwaway_log(f"nsqpy-test-own-{time.monotonic_ns()}") as (log, _, _):
+        log.append(b"first", time.time_ns(), 1)  # the log's first segment (the kernel never allocates one)
+        topic = Topic("ours", log)
+        worker.topics["ours"] = topic
+        rig.lane.own.hint(topic)
+
+        def producer():
+            return add_client(rig.pump, socks)[1]
+
+        def consumer(channel, conn_id, rdy):
+            c = Consumer(conn_id, rdy)
+            socks.append(c)
+            channel.consumers.append(c)
+            return c
+
+        yield SimpleNamespace(rig=rig, worker=worker, topic=topic, log=log, lane=rig.lane, path=rig.lane.own,
+                              producer=producer, consumer=consumer)
+    rig.close()
+    for s in socks:
+        s.close()
+
+
+def test_an_armed_pub_is_appended_delivered_and_answered_in_the_lane(own):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    there = own.producer()
+    before = time.time_ns()
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(30.0) == []
+    assert own.path.published == 1 and own.rig.pump.staged == 0
+    attempts, msg_id, body = c.message()
+    assert (attempts, body) == (1, b"mine")
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    assert own.log.depth(ch.ch) == 0 and own.worker.inflight.ctl[C_N_LIVE] == 1
+    [(s, slots, deadline)] = ch.started
+    assert s is c and len(slots) == 1 and deadline >= before + 60_000 * 1_000_000
+    assert c.in_flight == 1 and ch._rr == 1
+    assert (own.topic.message_count, own.topic.message_bytes) == (1, 4) and "ours" in own.worker.stats.changed
+    assert own.worker.changed == [ch] and not own.worker.pending and not own.worker.frames
+    assert own.topic.ids.next_id(time.time_ns()) > msg_id  # the kernel's IDs went back to the topic's generator
+    assert len(serve.signatures) == 1  # the armed arrays have the stand-ins' types: nothing compiled again
+
+
+def test_a_channel_with_messages_waiting_is_not_armed(own):
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=10)
+    own.log.append(b"older", time.time_ns(), 1)
+    there = own.producer()
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(30.0) == []
+    assert own.path.published == 0 and own.rig.pump.staged == 1  # the Python path publishes it, after "older"
+    assert own.log.depth(ch.ch) == 1
+
+
+def test_only_consumers_with_room_get_rows_the_other_channels_get_a_delivery_pass(own):
+    ready, full = Channel(own.topic, "ready", key=5), Channel(own.topic, "full", key=6)
+    c = own.consumer(ready, conn_id=9, rdy=1)
+    own.consumer(full, conn_id=10, rdy=0)
+    Channel(own.topic, "nobody", key=7)
+    there = own.producer()
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(30.0) == [] and own.path.published == 1
+    assert c.message()[2] == b"mine"
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    assert own.worker.pending == {full}  # as after Topic.append: channels with consumers; "nobody" has none
+    assert own.log.depth(full.ch) == 1 and own.log.depth(ready.ch) == 0
+
+
+def test_frames_the_socket_does_not_take_go_to_python_and_hold_back_that_socket(own):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    try:
+        while True:
+            c.sock.send(b"x" * 65536)  # fill the consumer's socket: the kernel's send takes nothing
+    except BlockingIOError:
+        pass
+    there = own.producer()
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(30.0) == [] and own.path.published == 1
+    [(s, frame)] = own.worker.frames
+    assert s is c and frame.endswith(b"mine") and own.rig.pump.busy[c.fd] == 1
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME  # another socket: its OK is not held back
+    assert ch.started and own.worker.inflight.ctl[C_N_LIVE] == 1
+
+
+def test_a_log_that_needs_a_new_segment_is_left_to_python_with_nothing_written(own):
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=10)
+    log, body = own.log, np.zeros(60_000, np.uint8)
+    one, zero = np.ones(1, np.int64), np.zeros(1, np.int64)
+    win = log.window
+    while MK.append_batch(log.ctrl, win.data, win.data64, body, zero, np.array([body.size], np.int64), zero, one,
+                          zero, 1, np.empty(0, np.int64)) >= 0:
+        pass
+    log.advance(ch.ch, log.head)
+    tick = own.topic.ids.last_tick
+    there = own.producer()
+    there.sendall(C.pub("ours", b"x" * 50_000))
+    assert own.lane.poll(30.0) == []
+    assert own.path.published == 0 and own.rig.pump.staged == 1  # the commit will allocate the segment
+    assert log.depth(ch.ch) == 0 and own.topic.ids.last_tick == tick
+
+
+@pytest.mark.parametrize("why", ["durable", "full", "deleted", "storage failing", "output queued", "sampling",
+                                 "requeued", "careful rounds", "forwards waiting", "no compiled rounds"])
+def test_what_the_python_path_must_see_is_never_armed(own, why):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    w, t = own.worker, own.topic
+    if why in ("durable", "full", "deleted"):
+        setattr(t, why, True)
+    elif why == "storage failing":
+        w.storage_failing = True
+    elif why == "output queued":
+        c.wbuf = b"queued"
+    elif why == "sampling":
+        c.settings.sample_rate = 50
+    elif why == "requeued":
+        ch.requeued.append(1)
+    elif why == "careful rounds":
+        w.suspect.set_careful(ch.key, 3)
+    elif why == "forwards waiting":
+        w.pub_pending = SimpleNamespace(any=lambda: True)
+    else:
+        w.round_buffer = None
+    there = own.producer()
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(30.0) == []
+    assert own.path.published == 0 and own.rig.pump.staged == 1 and own.log.depth(ch.ch) == 0
+
+
+def test_a_paused_topic_appends_and_answers_without_delivering(own):
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=10)
+    own.topic.paused = True
+    there = own.producer()
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(30.0) == [] and own.path.published == 1
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    assert own.log.depth(ch.ch) == 1 and not ch.started and own.worker.pending == {ch}
