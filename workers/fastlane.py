@@ -24,9 +24,10 @@ send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It ret
   ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step commits what was staged;
 * R_SETTLED: a forward was committed but an OK needs Python (queued output, a partial send), or a tally or a
   producer move does (``Pump.settled``);
-* R_OWN: what the pump read was lone PUBs to the topic of this worker that ``OwnPath`` armed before the call:
-  ``own_publish`` appended them and delivered them to the armed consumers, then their OKs went out; Python's
-  share follows (``OwnPath.done``, then ``Pump.settled`` if needed; ``workers/ownpath.py``);
+* R_OWN: what the pump read was lone PUBs to the topic of this worker that ``OwnPath`` armed before the call
+  (and maybe data for Python from other sessions): ``own_publish`` appended them and delivered them to the armed
+  consumers, then their OKs went out; Python's share follows (``OwnPath.done``, then ``Pump.settled`` if needed;
+  ``workers/ownpath.py``), then ``Pump.after_read`` takes the data;
 * R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
   first forward (the idle step's periodic duties get a turn), or epoll was interrupted.
 
@@ -144,21 +145,22 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
               counts)
         staged = counts[0]
-        if staged == 0 or counts[1] or counts[2] or not _one_message_commands(st, staged):
+        if staged == 0 or counts[2] or not _one_message_commands(st, staged):
             res[RES_CODE] = R_READ
             break
         t = st[ST_TOPIC, 0]
         owner = topic_owner[t]
+        # the armed own topic's PUBs go now even beside data for Python (a consumer's FIN in the same read)
         if owner == me and own[OW_ARMED] and t == own[OW_T] and own_publish(
                 st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
-            counts[0] = 0  # published and delivered: nothing left staged for Python
+            counts[0] = 0  # published and delivered: nothing left staged for Python (the data is, if any)
             k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame,
                                                sent[:staged], sw, me, mode, rates, S.monotonic(), topic_owner,
                                                streak, streak_owner, streak_t0, moved_in, movers)
             res[RES_CODE] = R_OWN
             res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
             break
-        if owner == me or control_words[full_at[t]] == full_val[t] or not forward_staged(
+        if counts[1] or owner == me or control_words[full_at[t]] == full_val[t] or not forward_staged(
                 st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
                 S.realtime_ns(), large):
             res[RES_CODE] = R_READ
@@ -273,6 +275,7 @@ class FastLane:
             k, attention, m = int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS])
             if k or attention or m:
                 p.settled(staged, k, attention, m, {}, self.move)
+            p.after_read()  # the same read's data and closed sockets, if any (a FIN usually)
         elif code == R_SETTLED:
             p.settled(int(res[RES_STAGED]), int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS]),
                       {}, self.move)

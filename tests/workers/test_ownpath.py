@@ -250,3 +250,20 @@ def test_a_paused_topic_appends_and_answers_without_delivering(own):
     assert own.lane.poll(30.0) == [] and own.path.published == 1
     assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
     assert own.log.depth(ch.ch) == 1 and not ch.started and own.worker.pending == {ch}
+
+
+def test_data_for_python_in_the_same_read_still_reaches_its_session(own):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    other, other_there = add_client(own.rig.pump, [])
+    there = own.producer()
+    other_there.sendall(b"NOP\n")  # a consumer's command, read in the same pass as the PUB
+    there.sendall(C.pub("ours", b"mine"))
+    try:
+        assert own.lane.poll(30.0) == [] and own.path.published == 1
+        assert other.data == [b"NOP\n"] and own.rig.pump.staged == 0
+        assert c.message()[2] == b"mine"
+        assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    finally:
+        other.sock.close()
+        other_there.close()
