@@ -20,12 +20,13 @@ no list for it.
 --steps measures what a first start's compile costs on a host with more cores: each warm-up step
 (workers/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
 cache (its imports, which compile the kernels loaded at import, are not counted). `steps` lists the seconds per
-step; `predicted_kernels_s` hands them out as the warm-up's queue does to its compiling processes (each free
-process takes the next step, costliest first; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and
-takes when the last one finishes: the warm-up phase on a host with P cores as fast as this one's, if compiling
-processes do not slow each other down. Kernels
-that several steps share compile once per process that needs them, so the P = 1 figure overstates a serial
-warm-up; P = 2 is the one to hold against this host's measured `cold_kernels_s`.
+step (a step the warm-up makes wait for the steps before it, ``WAITS_FOR_PREVIOUS``, is timed after they ran in
+the same process: `waits`); `predicted_kernels_s` hands them out as the warm-up's queue does to its compiling
+processes (each free process takes the next step in order, a waiting one starting once those before it are
+done; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and takes when the last one finishes: the
+warm-up phase on a host with P cores as fast as this one's, if compiling processes do not slow each other down.
+Kernels that several steps share compile once per process that needs them, so the P = 1 figure overstates a
+serial warm-up; P = 2 is the one to hold against this host's measured `cold_kernels_s`.
 
 PYTHONDONTWRITEBYTECODE is removed from the started nsqd's environment (this workplace's shells set it): with it,
 every start compiles our modules' source again, which no installed nsqd does (pip writes the .pyc files of an
@@ -91,11 +92,16 @@ steps = warmup._steps(sys.argv[1])
 if sys.argv[2] == "count":
     print(json.dumps({"steps": len(steps)}))
     sys.exit(0)
-step = steps[int(sys.argv[2])]
+i = int(sys.argv[2])
+step = steps[i]
+waits = step in getattr(warmup, "WAITS_FOR_PREVIOUS", ())
+if waits:  # as in the warm-up: the steps before it compiled first (untimed), so their kernels are there
+    for before in steps[:i]:
+        before()
 t0 = time.perf_counter()
 step()
 fn = getattr(step, "func", step)
-print(json.dumps({"name": f"{fn.__module__}.{fn.__qualname__}", "s": time.perf_counter() - t0}))
+print(json.dumps({"name": f"{fn.__module__}.{fn.__qualname__}", "s": time.perf_counter() - t0, "waits": waits}))
 """
 
 
@@ -114,12 +120,16 @@ def step_cost(checkout, index):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def predicted_kernels_s(seconds, processes):
-    """The warm-up's queue (each process, when free, takes the next step in order): -> when the last finishes."""
+def predicted_kernels_s(seconds, processes, waits=()):
+    """The warm-up's queue (each process, when free, takes the next step in order; a step whose index is in
+    ``waits`` starts once every step before it finished): -> when the last finishes."""
     free_at = [0.0] * max(1, min(len(seconds), processes))
-    for s in seconds:
+    ends = []
+    for k, s in enumerate(seconds):
         i = free_at.index(min(free_at))
-        free_at[i] += s
+        start = max([free_at[i]] + ends) if k in waits else free_at[i]
+        free_at[i] = start + s
+        ends.append(free_at[i])
     return max(free_at)
 
 
@@ -131,11 +141,12 @@ def steps_main(opts):
     steps = []
     for i in indices:
         got = step_cost(REPO, i)
-        steps.append({"index": i, "name": got["name"], "s": round(got["s"], 3)})
+        steps.append({"index": i, "name": got["name"], "s": round(got["s"], 3), "waits": got.get("waits", False)})
         log(f"step {i} {got['name']}: {got['s']:.2f}s")
     seconds = [x["s"] for x in steps]
+    waits = {k for k, x in enumerate(steps) if x["waits"]}
     result = dict(environment(), tool="first_start", mode="steps", steps=steps,
-                  predicted_kernels_s={p: round(predicted_kernels_s(seconds, p), 2) for p in (1, 2, 4, 16, 64)})
+                  predicted_kernels_s={p: round(predicted_kernels_s(seconds, p, waits), 2) for p in (1, 2, 4, 16, 64)})
     emit(result, opts.out)
 
 

@@ -5,6 +5,7 @@ once. Each step drives the real classes on throwaway memory with the argument ty
 """
 import contextlib
 import functools
+import mmap
 import os
 import select
 import socket
@@ -191,18 +192,28 @@ def _persistence():
 
 
 def _steps(prefix):
-    """The warm-up steps, costliest first (they are dealt out to the compiling processes in this order)."""
+    """The warm-up steps, in the order the compiling processes take them: the costliest first, but the forward
+    lane's after the steps whose kernels it calls (it waits for them: ``WAITS_FOR_PREVIOUS``)."""
     name = prefix.rstrip("-")
-    return [functools.partial(_log, name), fastlane.warm_up, functools.partial(_delivery, name), _pump, _inflight,
-            _rings, _protocol, _timers, _deferred, _persistence, records.warm_up, statrows.warm_up, stats.warm_up]
+    return [functools.partial(_log, name), functools.partial(_delivery, name), _pump, fastlane.warm_up, _inflight,
+            _timers, records.warm_up, _rings, _deferred, stats.warm_up, _protocol, _persistence, statrows.warm_up]
+
+
+# Steps that wait until every step before them is done when they compile in parallel: the lane's kernel calls the
+# log's, the delivery round's and the pump's kernels, and compiled alone it compiles them all again
+# (benchmarks/results/first_start_steps_own.json against first_start_steps_wait.json; ARCHITECTURE.md, warmup.py)
+WAITS_FOR_PREVIOUS = (fastlane.warm_up,)
+WAIT_LIMIT_S = 300.0   # a step waited for longer than this (a compiling process died?) is compiled here anyway
 
 
 def _compile_in_parallel(steps, processes, log):
     """Cold cache: ``processes`` forked children take the steps one at a time from a shared queue (a pipe of
-    step numbers, costliest first: whoever is free takes the next), so that numba compiles them on every core at
-    once and writes them to its cache; the caller then loads them all (milliseconds each). Dealing them out in
-    fixed shares left one child with most of the work on 2 cores. Forking here is safe: the supervisor has no
-    thread yet and numba has compiled nothing."""
+    step numbers, in order: whoever is free takes the next), so that numba compiles them on every core at once
+    and writes them to its cache; the caller then loads them all (milliseconds each). Dealing them out in fixed
+    shares left one child with most of the work on 2 cores. A step of WAITS_FOR_PREVIOUS first waits until the
+    steps before it are done (marks in shared memory), so that it loads their kernels instead of compiling them a
+    second time. Forking here is safe: the supervisor has no thread yet and numba has compiled nothing."""
+    done = mmap.mmap(-1, len(steps))            # shared with the children: 1 when step i finished (or failed)
     queue_r, queue_w = os.pipe()
     os.write(queue_w, bytes(range(len(steps))))  # a few bytes: far below a pipe's capacity, never blocks
     os.close(queue_w)                            # so a child reading an empty queue gets end of file
@@ -213,7 +224,13 @@ def _compile_in_parallel(steps, processes, log):
             code = 1
             try:
                 while step := os.read(queue_r, 1):  # one byte: a pipe's reads of it are atomic
-                    steps[step[0]]()
+                    i = step[0]
+                    try:
+                        if steps[i] in WAITS_FOR_PREVIOUS:
+                            _wait_for(done, i)
+                        steps[i]()
+                    finally:
+                        done[i] = 1
                 code = 0
             finally:
                 os._exit(code)
@@ -222,6 +239,14 @@ def _compile_in_parallel(steps, processes, log):
     failed = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in pids)
     if failed and log is not None:
         log.warn(f"{failed} of {processes} kernel-compiling processes failed; compiling the rest here")
+
+
+def _wait_for(done, i):
+    """Until steps 0..i-1 are marked done (each is taken before step i, so each is running or finished), or
+    WAIT_LIMIT_S passed."""
+    give_up = time.monotonic() + WAIT_LIMIT_S
+    while done[:i].count(0) and time.monotonic() < give_up:
+        time.sleep(0.05)
 
 
 WARM_MARK = ".nsqpy-warmed"   # in numba's cache directory once a warm-up there completed
