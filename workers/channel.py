@@ -110,9 +110,13 @@ class Channel:
         """NSQ's depth: messages waiting for delivery (the log ahead of the cursor, requeued, due)."""
         return self.topic.log.depth(self.ch) + len(self.requeued) + len(self.due)
 
+    def delivering(self):
+        """Whether a delivery pass may hand out messages now (consumers, nothing paused, not deleted)."""
+        return not (self.paused or self.topic.paused or not self.consumers or self.deleted)
+
     def deliver(self):
         """One delivery pass over the consumers; True when more could be delivered right away."""
-        if self.paused or self.topic.paused or not self.consumers or self.deleted:
+        if not self.delivering():
             return False
         n = len(self.consumers)
         start = self._rr % n

@@ -151,33 +151,27 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         t = st[ST_TOPIC, 0]
         owner = topic_owner[t]
         # the armed own topic's PUBs go now even beside data for Python (a consumer's FIN in the same read)
-        if owner == me and own[OW_ARMED] and t == own[OW_T] and own_publish(
-                st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
-            counts[0] = 0  # published and delivered: nothing left staged for Python (the data is, if any)
-            k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame,
-                                               sent[:staged], sw, me, mode, rates, S.monotonic(), topic_owner,
-                                               streak, streak_owner, streak_t0, moved_in, movers)
-            res[RES_CODE] = R_OWN
-            res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
-            break
-        if counts[1] or owner == me or control_words[full_at[t]] == full_val[t] or not forward_staged(
-                st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
-                S.realtime_ns(), large):
-            res[RES_CODE] = R_READ
-            break
-        counts[0] = 0  # committed: nothing left staged for Python
-        woke = 0
-        if wake_check(wake_flags, owner):
-            S.eventfd_signal(eventfds[owner])
-            woke = 1
-        owner_nap(naps, owner, woke)
-        forwards += 1
+        mine = owner == me and own[OW_ARMED] != 0 and t == own[OW_T] and own_publish(
+            st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords)
+        if not mine:
+            if counts[1] or owner == me or control_words[full_at[t]] == full_val[t] or not forward_staged(
+                    st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
+                    S.realtime_ns(), large):
+                res[RES_CODE] = R_READ
+                break
+            woke = 0
+            if wake_check(wake_flags, owner):
+                S.eventfd_signal(eventfds[owner])
+                woke = 1
+            owner_nap(naps, owner, woke)
+            forwards += 1
+        counts[0] = 0  # published here or committed to the ring: nothing left staged for Python (data may be)
         now = S.monotonic()
         k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame, sent[:staged],
                                            sw, me, mode, rates, now, topic_owner, streak, streak_owner,
                                            streak_t0, moved_in, movers)
-        if k or attention or m:
-            res[RES_CODE] = R_SETTLED
+        if mine or k or attention or m:
+            res[RES_CODE] = R_OWN if mine else R_SETTLED
             res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
             break
         if forwards == 1 and (stop_at < 0 or now + slice_s < stop_at):

@@ -170,9 +170,9 @@ class OwnPath:
             return None
         rows = []
         for ch in t.channels.values():
-            if not ch.consumers or ch.paused or t.paused:
+            if not ch.delivering():
                 continue  # nothing to deliver to now: the message waits in the log, as after Topic.append
-            if ch.requeued or ch.due or ch.deleted or t.log.depth(ch.ch) or w.suspect.careful_rounds(ch.key):
+            if ch.has_messages() or w.suspect.careful_rounds(ch.key):
                 return None
             n = len(ch.consumers)
             start = ch._rr % n
@@ -194,11 +194,7 @@ class OwnPath:
         self.armed = None
         self.published += n
         t.ids.last_tick, t.ids.sequence = int(ow[OW_TICK]), int(ow[OW_SEQ])
-        lengths = w.pump.st[ST_LEN, :n]
-        t.message_count += n
-        t.message_bytes += int(lengths[0]) if n == 1 else int(lengths.sum())
-        w.stats.changed.add(t.name)
-        whole = set()
+        t.count_appended(n, w.pump.st[ST_LEN, :n])  # (it asks a delivery pass of each channel: see below)
         for r, (ch, s) in enumerate(self.rows):
             b = _ROWS_AT + r * ROW
             got = int(ow[b + RW_GOT])
@@ -207,10 +203,9 @@ class OwnPath:
             ch._rr += 1
             w.send_frames(s, w.round_buffer, int(ow[b + RW_END]), int(ow[b + RW_SENT]))
             ch._started(s, ow[SLOTS_AT + r * MAX_N:SLOTS_AT + r * MAX_N + got], int(ow[b + RW_DEADLINE]))
+            # its round took them all: what a delivery pass would mark, without the pass (pending held nothing
+            # before: the lane runs only when the loop's idle step left no channel pending)
             if got == n:
-                whole.add(ch)
+                w.pending.discard(ch)
                 w.channel_changed(ch)
-        for ch in t.channels.values():
-            if ch.consumers and ch not in whole:
-                w.pending.add(ch)
         self.rows = []

@@ -204,13 +204,18 @@ class Topic:
             self.worker.storage_works()
         if self.durable:
             self.worker.appended(self, n)
+        self.count_appended(n, lengths)
+        return True
+
+    def count_appended(self, n, lengths):
+        """n messages (body lengths ``lengths``) were appended: counters, stats, and a delivery pass for every
+        channel with consumers (also after the lane appended them: workers/ownpath.py)."""
         self.message_count += n
         self.message_bytes += int(lengths[0]) if n == 1 else int(lengths.sum())
         self.worker.stats.changed.add(self.name)
         for ch in self.channels.values():
             if ch.consumers:
                 self.worker.pending.add(ch)
-        return True
 
     def _append(self, *args, overdraft=False):
         """The log's append_batch; any failure but a full budget (LogFull) becomes StorageError, after marking

@@ -12,6 +12,8 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
+import workers.channel
+import workers.topic
 from ipc import msglog_kernels as MK
 from ipc.inflight import C_N_LIVE, InFlightTable, inflight_nbytes
 from nsqpy.protocol import client as C
@@ -52,8 +54,10 @@ class Worker:
 
 
 class Topic:
-    def __init__(self, name, log):
-        self.name, self.log = name, log
+    count_appended = workers.topic.Topic.count_appended  # the real bookkeeping, on the fake's fields
+
+    def __init__(self, name, log, worker):
+        self.name, self.log, self.worker = name, log, worker
         self.deleted = self.durable = self.full = self.paused = False
         self.channels = {}
         self.ids = IdGenerator(7)
@@ -62,6 +66,9 @@ class Topic:
 
 
 class Channel:
+    delivering = workers.channel.Channel.delivering  # the real checks, on the fake's fields
+    has_messages = workers.channel.Channel.has_messages
+
     def __init__(self, topic, name, key):
         self.topic, self.name, self.key = topic, name, key
         self.ch = topic.log.open_channel()
@@ -112,7 +119,7 @@ def own():
     socks = []
     with _throwaway_log(f"nsqpy-test-own-{time.monotonic_ns()}") as (log, _, _):
         log.append(b"first", time.time_ns(), 1)  # the log's first segment (the kernel never allocates one)
-        topic = Topic("ours", log)
+        topic = Topic("ours", log, worker)
         worker.topics["ours"] = topic
         rig.lane.own.hint(topic)
 
