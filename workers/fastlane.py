@@ -18,16 +18,18 @@ send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It ret
 
 * R_EVENTS: something else is ready (a ring's eventfd, the hand-over channel, a signal, a second ready fd): the
   events, as epoll's poll would have returned them;
-* R_READ: the pump's read found something the lane does not do (data for a session's parser, a closed socket,
-  a PUB to a topic this worker owns that is not armed or that the kernel gave up on, PUBs to several topics, an
-  MPUB of several messages, a full ring, a topic its owner marked full, a forward too big for the ring):
-  ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step commits what was staged;
+* R_READ: the pump's read found something the lane does not do (data for a session's parser, a closed socket, a PUB
+  to a topic this worker owns that is not armed or that the kernel gave up on, PUBs to several topics, an MPUB of
+  several messages to another worker's topic, a full ring, a topic its owner marked full, a forward too big for the
+  ring): ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step commits what was
+  staged;
 * R_SETTLED: a forward was committed but an OK needs Python (queued output, a partial send), or a tally or a
   producer move does (``Pump.settled``);
-* R_OWN: what the pump read was lone PUBs to the topic of this worker that ``OwnPath`` armed before the call
-  (and maybe data for Python from other sessions): ``own_publish`` appended them and delivered them to the armed
-  consumers, then their OKs went out; Python's share follows (``OwnPath.done``, then ``Pump.settled`` if needed;
-  ``workers/ownpath.py``), then ``Pump.after_read`` takes the data;
+* R_OWN: what the pump read was PUBs or MPUBs (at most ``ownpath.MAX_N`` messages in all) to the topic of this
+  worker that ``OwnPath`` armed before the call (and maybe data for Python from other sessions): ``own_publish``
+  appended them and delivered them to the armed consumers, then their OKs went out; Python's share follows
+  (``OwnPath.done``, then ``Pump.settled`` if needed; ``workers/ownpath.py``), then ``Pump.after_read`` takes the
+  data;
 * R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
   first forward (the idle step's periodic duties get a turn), or epoll was interrupted.
 
@@ -37,9 +39,11 @@ lane (R_EVENTS). A forward never overtakes a parked one: the lane is not used wh
 claim that fails leaves the ring as a failed ``Ring.write`` would (its WANT/OUTGROWN words then make Python's
 own attempt reserve pages), and the staged messages are still in the pump for Python's commit.
 
-Batches stay on the Python path: an MPUB of many messages already shares one iteration among them, and
+Forwards are one-message commands only: an MPUB of many messages already shares one iteration among them, and
 forwarding them here too made p99 latency at 100k msgs/s (the latency tool's MPUBs) worse in by-hand A/B runs,
-for no gain a round trip would see.
+for no gain a round trip would see. The own path takes small MPUBs too: a paced producer (the latency tool at
+10k msgs/s, an app that sends whatever fell due) often sends MPUBs of two or three, and there each one is also
+its consumers' delivery, which the Python commit path would otherwise do.
 
 The worker skips the lane for SKIP_AFTER_MISS loop iterations after MISSES_BEFORE_SKIP calls in a row that
 neither forwarded nor published (a worker that only serves consumers, or an owner woken by its rings): each call
@@ -145,18 +149,20 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
               counts)
         staged = counts[0]
-        if staged == 0 or counts[2] or not _one_message_commands(st, staged):
+        if staged == 0 or counts[2]:
             res[RES_CODE] = R_READ
             break
         t = st[ST_TOPIC, 0]
         owner = topic_owner[t]
-        # the armed own topic's PUBs go now even beside data for Python (a consumer's FIN in the same read)
+        # the armed own topic's PUBs and small MPUBs go now even beside data for Python (a consumer's FIN in the
+        # same read); forwards are one-message commands only (module docstring)
         mine = owner == me and own[OW_ARMED] != 0 and t == own[OW_T] and own_publish(
             st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords)
         if not mine:
-            if counts[1] or owner == me or control_words[full_at[t]] == full_val[t] or not forward_staged(
-                    st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
-                    S.realtime_ns(), large):
+            if counts[1] or owner == me or not _one_message_commands(st, staged) or \
+                    control_words[full_at[t]] == full_val[t] or not forward_staged(
+                        st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity,
+                        owner, S.realtime_ns(), large):
                 res[RES_CODE] = R_READ
                 break
             woke = 0

@@ -1,4 +1,5 @@
-"""The owner's lone PUBs in the lane: a PUB to a topic of this worker appended, delivered and answered in one call.
+"""The owner's lone PUBs in the lane: a PUB (or a small MPUB) to a topic of this worker appended, delivered and
+answered in one call.
 
 Theory of operation
 -------------------
@@ -12,9 +13,10 @@ So, before the loop blocks in the forward lane (``workers/fastlane.py``), ``OwnP
 topic most likely to be published next (the last one whose lone PUB the Python path published here) in
 ``words``: its ID generator's state and, for each of its channels with a consumer that can take a message now,
 a row (log slot, channel key, the consumer's connection, socket, free RDY and message timeout). When the lane's
-read is lone PUBs to that topic only, ``own_publish`` (compiled, in the lane) appends them to the topic's log,
-runs each row's delivery round (``kernels.deliver_round``: in-flight slots, cursor, frames, their send), and the
-lane sends the OKs after the messages, as the Python path does. Python's share comes after the sends, in
+read is PUBs or MPUBs to that topic only (at most MAX_N messages in all: a paced producer's MPUBs of two or three
+are common), ``own_publish`` (compiled, in the lane) appends them to the topic's log, runs each row's delivery
+round (``kernels.deliver_round``: in-flight slots, cursor, frames, their send), and the lane sends the OKs (one
+per command) after the messages, as the Python path does. Python's share comes after the sends, in
 ``done``: counters, the rounds' timers, the rest of a frame the socket did not take, and a delivery pass for
 every channel a row did not cover.
 
@@ -43,7 +45,7 @@ from workers.kernels import deliver_round
 from workers.pump import ST_LEN, ST_OFF
 
 MAX_ROWS = 4     # channels one armed topic may deliver to in the kernel
-MAX_N = 16       # lone PUBs one read may stage for the kernel to take
+MAX_N = 16       # messages (PUBs, MPUBs) one read may stage for the kernel to take
 OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE = range(8)
 HEAD = 8
 RW_CH, RW_KEY, RW_CONN, RW_FD, RW_BUDGET, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE = range(10)
@@ -58,9 +60,9 @@ WORDS = SLOTS_AT + MAX_ROWS * MAX_N
 
 @njit(cache=True)
 def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots, table_index, out, words):
-    """Append the n staged lone PUBs (bodies in buf, rows of st as the pump staged them) to the armed topic's log
-    (ctrl, data, data64) and run each armed row's delivery round (module docstring). -> False, having written
-    nothing, when more than MAX_N are staged or the log needs a new segment."""
+    """Append the n staged messages of lone PUBs and MPUBs (bodies in buf, rows of st as the pump staged them) to
+    the armed topic's log (ctrl, data, data64) and run each armed row's delivery round (module docstring). -> False,
+    having written nothing, when more than MAX_N are staged or the log needs a new segment."""
     if n > MAX_N:
         return False
     now = S.realtime_ns()

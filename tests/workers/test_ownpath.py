@@ -20,7 +20,7 @@ from nsqpy.protocol import client as C
 from nsqpy.protocol.frames import FRAME_MESSAGE, OK_FRAME
 from nsqpy.protocol.ids import IdGenerator
 from workers.fastlane import LaneRig, serve
-from workers.ownpath import OwnPath
+from workers.ownpath import MAX_N, OwnPath
 from workers.suspects import Suspect
 from workers.warmup import _throwaway_log
 
@@ -158,6 +158,44 @@ def test_an_armed_pub_is_appended_delivered_and_answered_in_the_lane(own):
     assert own.worker.changed == [ch] and not own.worker.pending and not own.worker.frames
     assert own.topic.ids.next_id(time.time_ns()) > msg_id  # the kernel's IDs went back to the topic's generator
     assert len(serve.signatures) == 1  # the armed arrays have the stand-ins' types: nothing compiled again
+
+
+def test_an_armed_small_mpub_is_appended_delivered_and_answered_once(own):
+    """A producer that sends whatever fell due (the latency tool, a paced app) often sends MPUBs of 2 or 3."""
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    there = own.producer()
+    there.sendall(C.mpub("ours", [b"one", b"two", b"three"]))
+    assert own.lane.poll(30.0) == []
+    assert own.path.published == 3 and own.rig.pump.staged == 0
+    assert [c.message()[2] for _ in range(3)] == [b"one", b"two", b"three"]
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    there.setblocking(False)
+    with pytest.raises(BlockingIOError):
+        there.recv(1)  # one OK for the command, not one per message
+    assert own.log.depth(ch.ch) == 0 and own.worker.inflight.ctl[C_N_LIVE] == 3 and c.in_flight == 3
+    assert (own.topic.message_count, own.topic.message_bytes) == (3, 11)
+    assert not own.worker.pending
+
+
+def test_an_mpub_bigger_than_a_consumers_room_leaves_the_rest_to_a_delivery_pass(own):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=2)
+    there = own.producer()
+    there.sendall(C.mpub("ours", [b"one", b"two", b"three"]))
+    assert own.lane.poll(30.0) == [] and own.path.published == 3
+    assert [c.message()[2] for _ in range(2)] == [b"one", b"two"]
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    assert own.log.depth(ch.ch) == 1 and c.in_flight == 2 and own.worker.pending == {ch}
+
+
+def test_an_mpub_of_more_than_the_kernel_takes_is_left_to_python(own):
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=100)
+    there = own.producer()
+    there.sendall(C.mpub("ours", [b"m%d" % i for i in range(MAX_N + 1)]))
+    assert own.lane.poll(30.0) == []
+    assert own.path.published == 0 and own.rig.pump.staged == MAX_N + 1 and own.log.depth(ch.ch) == 0
 
 
 def test_a_channel_with_messages_waiting_is_not_armed(own):
