@@ -522,3 +522,32 @@ def test_a_pub_reaches_its_consumer_before_its_ok_goes_out(nsqd_factory, pipelin
             assert data, f"message {k}: its OK came first"
             c.frames.extend(c.decoder.feed(data))
             assert c.read_message().body == b"m%d" % k
+
+
+def test_small_mpubs_reach_their_consumer_before_their_ok_goes_out(nsqd_factory):
+    """A paced producer's MPUBs of two (what fell due) take the owner's own path in the lane when it is armed
+    (the lane needs a second worker; the producer is moved to the owner first, as --producer-placement=owner
+    does after MOVE_AFTER one-message commands, and the consumer lives there): both messages are sent, in
+    order, before the command's one OK (see the test above for the zero-timeout read)."""
+    nsqd = nsqd_factory("--producer-placement=owner", workers=2)
+    topic = unique()
+    with Conn(nsqd.address) as p, consumer(nsqd.address, topic, "ch", rdy=2500) as c:
+        for k in range(2 * MOVE_AFTER):
+            p.publish(topic, b"lone%d" % k)
+            m = c.read_message()
+            assert m.body == b"lone%d" % k
+            c.send(C.fin(m.id))
+        for k in range(20):
+            p.send(C.mpub(topic, [b"m%da" % k, b"m%db" % k]))
+            p.expect_response(b"OK")
+            c.sock.setblocking(False)
+            try:
+                while more := c.sock.recv(1 << 16):  # what is in the socket now, without waiting
+                    c.frames.extend(c.decoder.feed(more))
+            except BlockingIOError:
+                pass
+            finally:
+                c.sock.settimeout(30)
+            assert len(c.frames) >= 2, f"MPUB {k}: its OK came before its messages ({len(c.frames)} frames)"
+            assert [c.read_message().body for _ in range(2)] == [b"m%da" % k, b"m%db" % k]
+        p.expect_no_frame(within=0.3)  # one OK per MPUB: nothing more for the producer
