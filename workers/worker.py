@@ -186,12 +186,12 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         for fd in (self.pump.epfd, self.links.eventfd(self.index), self.inbox.fileno()):
             self.loop.keep_on_error(fd)
         self.loop.add_idle(self._idle)
-        if self.pub_out:
-            self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
-                                 {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
-                                 self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
-                                 self.own_path)
-            self.loop.fast_poll = self.lane.poll
+        # the lane: forwards, and the own path (with one worker there is nothing to forward: the own path alone)
+        self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
+                             {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
+                             self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
+                             self.own_path)
+        self.loop.fast_poll = self.lane.poll
         self._load_mark = (time.process_time(), time.monotonic())
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
         gc.collect()

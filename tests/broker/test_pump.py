@@ -524,12 +524,13 @@ def test_a_pub_reaches_its_consumer_before_its_ok_goes_out(nsqd_factory, pipelin
             assert c.read_message().body == b"m%d" % k
 
 
-def test_small_mpubs_reach_their_consumer_before_their_ok_goes_out(nsqd_factory):
+@pytest.mark.parametrize("workers", [1, 2])
+def test_small_mpubs_reach_their_consumer_before_their_ok_goes_out(nsqd_factory, workers):
     """A paced producer's MPUBs of two (what fell due) take the owner's own path in the lane when it is armed
-    (the lane needs a second worker; the producer is moved to the owner first, as --producer-placement=owner
-    does after MOVE_AFTER one-message commands, and the consumer lives there): both messages are sent, in
-    order, before the command's one OK (see the test above for the zero-timeout read)."""
-    nsqd = nsqd_factory("--producer-placement=owner", workers=2)
+    (with two workers the producer is moved to the owner first, as --producer-placement=owner does after
+    MOVE_AFTER one-message commands, and the consumer lives there; one worker owns everything): both messages
+    are sent, in order, before the command's one OK (see the test above for the zero-timeout read)."""
+    nsqd = nsqd_factory("--producer-placement=owner", workers=workers)
     topic = unique()
     with Conn(nsqd.address) as p, consumer(nsqd.address, topic, "ch", rdy=2500) as c:
         for k in range(2 * MOVE_AFTER):
