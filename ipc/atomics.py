@@ -41,6 +41,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from ipc.numba_cache import JIT
+
 __all__ = [
     "load_acquire", "store_release", "cas", "fetch_add", "fence", "cpu_pause", "copy_bytes", "get_word", "put_word",
     "py_load_acquire", "py_store_release", "py_cas", "py_fetch_add",
@@ -192,21 +194,21 @@ def put_word(typingctx, buf, byte_off, value):
 
 
 # Python-callable wrappers for tests and cold paths (a kernel call costs ~0.2 us: never use these per record).
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def py_load_acquire(arr, i):
     return load_acquire(arr, i)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def py_store_release(arr, i, v):
     store_release(arr, i, v)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def py_cas(arr, i, expected, new):
     return cas(arr, i, expected, new)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def py_fetch_add(arr, i, delta):
     return fetch_add(arr, i, delta)

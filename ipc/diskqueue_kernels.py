@@ -7,13 +7,13 @@ that saving or loading a million messages is a few calls, not a Python loop per 
 """
 from numba import njit
 
-import ipc  # noqa: F401  (fixes numba's cache directory before any kernel compiles)
+from ipc.numba_cache import JIT, JIT_CALLEE  # (importing ipc fixes numba's cache directory first)
 
 MESSAGE_HEADER = 26
 OK, CUT, BAD_LENGTH = 0, 1, 2   # scan_records: stopped at the limit / at a record cut short / at a bad length
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT_CALLEE)
 def _get_be(buf, at, nbytes):
     v = 0
     for k in range(nbytes):
@@ -21,7 +21,7 @@ def _get_be(buf, at, nbytes):
     return v
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def frames_to_records(buf, end):
     """Rewrite the V2 message frames in buf[:end] in place as diskqueue records; returns the new end (4 bytes
     less per frame)."""
@@ -41,7 +41,7 @@ def frames_to_records(buf, end):
     return write
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def _hex_id(buf, at):
     """The 64-bit id of 16 hex ASCII digits (as int64 bits), or 0 when they are not hex."""
     v = 0
@@ -59,7 +59,7 @@ def _hex_id(buf, at):
     return v
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def scan_records(buf, start, limit, max_message, out_off, out_len, out_ts, out_att, out_id):
     """Parse diskqueue records in buf[start:limit] into the out arrays (body offset and length, timestamp,
     attempts, id; 0 for an id that is not 16 hex digits), at most out_off.size of them.

@@ -59,6 +59,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc.atomics import py_load_acquire, py_store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
@@ -100,12 +101,12 @@ def heap_reserved_ranges(capacity: int, n_handles: int, reserved: int) -> list[t
 # ---------------------------------------------------------------------------------------------------- kernels
 # Arguments: ctl (the control line), keys, vals (handles), pos: 1-D int64 views of the layout.
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT_CALLEE)
 def _less(k1, h1, k2, h2):
     return k1 < k2 or (k1 == k2 and h1 < h2)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def _sift_up(keys, vals, pos, i, key, handle):
     while i > 0:
         parent = (i - 1) >> 1
@@ -120,7 +121,7 @@ def _sift_up(keys, vals, pos, i, key, handle):
     pos[handle] = i
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def _sift_down(keys, vals, pos, size, i, key, handle):
     while True:
         child = 2 * i + 1
@@ -140,7 +141,7 @@ def _sift_down(keys, vals, pos, size, i, key, handle):
     pos[handle] = i
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def _place(keys, vals, pos, size, i, key, handle):
     """Put (key, handle) into the hole at index i of a heap of `size` entries and restore order."""
     if i > 0 and _less(key, handle, keys[(i - 1) >> 1], vals[(i - 1) >> 1]):
@@ -149,7 +150,7 @@ def _place(keys, vals, pos, size, i, key, handle):
         _sift_down(keys, vals, pos, size, i, key, handle)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _take(ctl, keys, vals, pos, i):
     """Remove the entry at index i (0 <= i < size); the last entry fills the hole."""
     last = ctl[C_COUNT] - 1
@@ -159,7 +160,7 @@ def _take(ctl, keys, vals, pos, i):
         _place(keys, vals, pos, last, i, keys[last], vals[last])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_push(ctl, keys, vals, pos, key, handle):
     if handle < 0 or handle >= pos.shape[0]:
         return ST_BAD_HANDLE
@@ -173,7 +174,7 @@ def heap_push(ctl, keys, vals, pos, key, handle):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_peek(ctl, keys, vals):
     """-> (status, key, handle) of the minimum, without removing it."""
     if ctl[C_COUNT] == 0:
@@ -181,7 +182,7 @@ def heap_peek(ctl, keys, vals):
     return OK, keys[0], vals[0]
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_pop(ctl, keys, vals, pos):
     """-> (status, key, handle) of the removed minimum."""
     if ctl[C_COUNT] == 0:
@@ -192,7 +193,7 @@ def heap_pop(ctl, keys, vals, pos):
     return OK, key, handle
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_remove(ctl, keys, vals, pos, handle):
     """-> (status, key the handle had)."""
     if handle < 0 or handle >= pos.shape[0]:
@@ -205,7 +206,7 @@ def heap_remove(ctl, keys, vals, pos, handle):
     return OK, key
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_update(ctl, keys, vals, pos, handle, new_key):
     if handle < 0 or handle >= pos.shape[0]:
         return ST_BAD_HANDLE
@@ -216,7 +217,7 @@ def heap_update(ctl, keys, vals, pos, handle, new_key):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_peek_and_shift(ctl, keys, vals, pos, deadline, out_handles, out_keys):
     """Pop every entry with key <= deadline, in order, into the output arrays (at most their length).
     -> the number popped; call again when it equals the room given."""
@@ -230,7 +231,7 @@ def heap_peek_and_shift(ctl, keys, vals, pos, deadline, out_handles, out_keys):
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_clear(ctl, vals, pos):
     for i in range(ctl[C_COUNT]):
         h = vals[i]
@@ -239,7 +240,7 @@ def heap_clear(ctl, vals, pos):
     ctl[C_COUNT] = 0
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_rebuild(ctl, keys, vals, pos):
     """Restore heap order and pos[] after the first `size` (key, handle) pairs were written in any order
     (Floyd's bottom-up heapify, O(n)). -> OK, or ST_BAD_HANDLE / ST_PRESENT for a bad or repeated handle."""
@@ -257,7 +258,7 @@ def heap_rebuild(ctl, keys, vals, pos):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def heap_check(ctl, keys, vals, pos):
     """Verify heap order, pos[] both ways and the size bound. -> OK or ST_CORRUPT."""
     size = ctl[C_COUNT]

@@ -70,6 +70,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc.atomics import py_load_acquire, py_store_release, store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
@@ -132,18 +133,18 @@ def _index_capacity(capacity: int) -> int:
 # ---------------------------------------------------------------------------------------------------- kernels
 # Arguments: ctl (the control line), slots (flat int64, SLOT_WORDS per slot), index (int64): views of the layout.
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT)
 def _state(tag):
     return tag & 3
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT_CALLEE)
 def _half_base(slots, s):
     """Index of the current half of slot s."""
     return s * SLOT_WORDS + S_HALF0 + ((slots[s * SLOT_WORDS + S_TAG] >> 2) & 1) * HALF_WORDS
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _hash(msg_id, channel):
     x = np.uint64(msg_id) ^ (np.uint64(channel) * _GOLDEN)
     x ^= x >> _S33
@@ -154,7 +155,7 @@ def _hash(msg_id, channel):
     return np.int64(x >> np.uint64(1))
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def _find(slots, index, msg_id, channel, h):
     """-> (slot, index position) of the key, or (-1, the empty position that ends its probe run)."""
     mask = index.shape[0] - 1
@@ -169,7 +170,7 @@ def _find(slots, index, msg_id, channel, h):
         p = (p + 1) & mask
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def _index_delete(slots, index, p):
     """Empty index position p and shift back later entries of its probe run that may move (no tombstones)."""
     mask = index.shape[0] - 1
@@ -187,14 +188,14 @@ def _index_delete(slots, index, p):
     index[hole] = -1
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT)
 def _commit(slots, s, state, half):
     """Publish slot s's new state with one release store; the generation grows by one."""
     b = s * SLOT_WORDS
     store_release(slots, b + S_TAG, (((slots[b + S_TAG] >> 3) + 1) << 3) | (half << 2) | state)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT_CALLEE)
 def _write_half(slots, s, conn, attempts, delivered, deadline):
     """Fill the half the tag does not point at; -> that half's number, for _commit."""
     half = 1 - ((slots[s * SLOT_WORDS + S_TAG] >> 2) & 1)
@@ -206,7 +207,7 @@ def _write_half(slots, s, conn, attempts, delivered, deadline):
     return half
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_start_batch(ctl, slots, index, topic, channel, conn, now, deadline, msg_ids, log_pos, attempts,
                          out_slots):
     """Record delivery i of msg_ids[i] (log_pos[i], attempts[i]) to `conn`: out_slots[i] = its slot, or
@@ -238,7 +239,7 @@ def inflight_start_batch(ctl, slots, index, topic, channel, conn, now, deadline,
     return n_ok
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_lookup(slots, index, channel, msg_id, conn):
     """The slot of an in-flight message owned by `conn` (FIN/REQ/TOUCH), or ST_NOT_FOUND / ST_BAD_STATE /
     ST_NOT_OWNER."""
@@ -252,7 +253,7 @@ def inflight_lookup(slots, index, channel, msg_id, conn):
     return s
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def _live_slot(ctl, slots, s):
     """-> the state of slot s, or ST_BAD_SLOT when out of range or free."""
     if s < 0 or s >= slots.shape[0] // SLOT_WORDS or _state(slots[s * SLOT_WORDS + S_TAG]) == FREE:
@@ -260,7 +261,7 @@ def _live_slot(ctl, slots, s):
     return _state(slots[s * SLOT_WORDS + S_TAG])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_release(ctl, slots, index, s):
     """Free a live slot (FIN, or a requeued message handed back to the channel). -> OK or ST_BAD_SLOT."""
     if _live_slot(ctl, slots, s) < 0:
@@ -277,7 +278,7 @@ def inflight_release(ctl, slots, index, s):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_finish_batch(ctl, slots, index, channel, msg_ids, conn, out_status, out_slots):
     """FIN each of msg_ids from `conn`: out_status[i] is OK or the lookup's failure, out_slots[i] the freed slot
     (for the scanner's heap) or -1. -> the number finished."""
@@ -295,7 +296,7 @@ def inflight_finish_batch(ctl, slots, index, channel, msg_ids, conn, out_status,
     return n_ok
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_touch(ctl, slots, s, deadline):
     """TOUCH: a new timeout for an in-flight slot. -> OK / ST_BAD_STATE / ST_BAD_SLOT."""
     state = _live_slot(ctl, slots, s)
@@ -307,7 +308,7 @@ def inflight_touch(ctl, slots, s, deadline):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_requeue(ctl, slots, s, due):
     """REQ, timeout or disconnect of an in-flight slot: DEFERRED until `due` when due > 0, else REQUEUED. The
     connection becomes -1. -> OK / ST_BAD_STATE / ST_BAD_SLOT."""
@@ -320,7 +321,7 @@ def inflight_requeue(ctl, slots, s, due):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_redeliver(ctl, slots, s, conn, now, deadline):
     """Deliver a REQUEUED or DEFERRED slot again, to `conn`; attempts grows by one. -> OK / ST_BAD_STATE /
     ST_BAD_SLOT."""
@@ -332,7 +333,7 @@ def inflight_redeliver(ctl, slots, s, conn, now, deadline):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_iter_conn(ctl, slots, conn, out_slots):
     """The in-flight slots of `conn`, ascending, into out_slots (up to its length). -> how many there are (may
     exceed the room)."""
@@ -345,7 +346,7 @@ def inflight_iter_conn(ctl, slots, conn, out_slots):
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_recover(ctl, slots, index, out_slots):
     """Rebuild the free list (ascending), the live count and the index from the slot tags, and list every
     non-free slot in out_slots (up to its length). -> the number of live slots, or ST_DUPLICATE if two live
@@ -379,7 +380,7 @@ def inflight_recover(ctl, slots, index, out_slots):
     return ST_DUPLICATE if dup else n
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def inflight_check(ctl, slots, index):
     """Verify: every live slot is found through the index at its own position, the index holds nothing else,
     the free list is exactly the free slots, the live count is right. -> OK or ST_CORRUPT."""

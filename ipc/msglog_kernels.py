@@ -31,7 +31,6 @@ from __future__ import annotations
 
 from numba import njit
 
-import ipc  # noqa: F401  (fixes numba's cache directory before any kernel compiles)
 from ipc.atomics import copy_bytes, load_acquire, store_release
 from ipc.msglog_layout import (BAD_POSITION, CH_A, CH_ACTIVE, CH_GEN, CH_LOW_WATER, CH_PRIV_SEQ, CH_STATE_WORDS,
                                C_CURSOR, C_PRIV_DONE, C_PUB_DONE, CHANNELS_AT, EMPTY, F_PAD, F_PARKED, F_PRIVATE,
@@ -40,28 +39,30 @@ from ipc.msglog_layout import (BAD_POSITION, CH_A, CH_ACTIVE, CH_GEN, CH_LOW_WAT
                                R_LEN_FLAGS, R_NOT_BEFORE, R_SEQ, R_TS, RESERVED, S_BACKLOG, S_BACKLOG_SEQ,
                                S_HEAD, S_HEAD_SEQ, S_LAST_ID, STATE_A, STATE_GEN, STATE_WORDS, TAIL, TOO_BIG, WINDOW)
 from ipc.layout import LINE_WORDS
+from ipc.numba_cache import JIT, JIT_CALLEE
 
-KERNEL = dict(cache=True, nogil=True)
+KERNEL = dict(JIT, nogil=True)
+KERNEL_CALLEE = dict(JIT_CALLEE, nogil=True)
 LOW32 = 0xFFFFFFFF
 
 
 # --- geometry ------------------------------------------------------------------------------------------------
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def seg_size(ctrl):
     return ctrl[P_SEGMENT_SIZE]
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def window_mask(ctrl):
     return ctrl[WINDOW] * ctrl[P_SEGMENT_SIZE] - 1
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def table_base(ctrl):
     return CHANNELS_AT + ctrl[P_CHANNELS] * LINE_WORDS
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def channel_at(ch):
     return CHANNELS_AT + ch * LINE_WORDS
 
@@ -73,7 +74,7 @@ def segment_present(ctrl, k):
     return e != EMPTY and (e >> 1) == k
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def record_bytes(length):
     return (length + 7) & ~7
 
@@ -87,13 +88,13 @@ def place(pos, size, s):
 
 
 # --- double-buffered states ----------------------------------------------------------------------------------
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def state_word(ctrl, field):
     """The owner's view of the global state (it is the only writer, so no retry is needed)."""
     return ctrl[STATE_A + (ctrl[STATE_GEN] & 1) * STATE_WORDS + field]
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_CALLEE)
 def publish_state(ctrl, head, head_seq, last_id, backlog, backlog_seq):
     g = ctrl[STATE_GEN]
     b = STATE_A + ((g + 1) & 1) * STATE_WORDS
@@ -105,18 +106,18 @@ def publish_state(ctrl, head, head_seq, last_id, backlog, backlog_seq):
     store_release(ctrl, STATE_GEN, g + 1)
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_CALLEE)
 def publish_head(ctrl, head, head_seq, last_id):
     publish_state(ctrl, head, head_seq, last_id, state_word(ctrl, S_BACKLOG), state_word(ctrl, S_BACKLOG_SEQ))
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def cursor_word(ctrl, ch, field):
     c = channel_at(ch)
     return ctrl[c + CH_A + (ctrl[c + CH_GEN] & 1) * CH_STATE_WORDS + field]
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def publish_cursor(ctrl, ch, cursor, pub_done, priv_done):
     c = channel_at(ch)
     g = ctrl[c + CH_GEN]
@@ -143,12 +144,12 @@ def channel_active(ctrl, ch):
 
 
 # --- records -------------------------------------------------------------------------------------------------
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def commit_word(length, flags):
     return (flags << 32) | length
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_CALLEE)
 def segments_cover(ctrl, start, end):
     """True if every segment holding a byte of [start, end) is present."""
     if end <= start:
@@ -162,7 +163,7 @@ def segments_cover(ctrl, start, end):
     return True
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def commit_or_gate(data64, w, word, gate_word, gate_value):
     """Commit word index w, unless the batch has no gate yet: then it becomes the gate (committed last)."""
     if gate_word < 0:
@@ -171,7 +172,7 @@ def commit_or_gate(data64, w, word, gate_word, gate_value):
     return gate_word, gate_value
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def pad_to_fit(data64, pos, size, s, mask, gate_word, gate_value):
     """If a record of size bytes does not fit at pos, PAD to the end of the segment; returns (its position,
     gate word, gate value)."""
@@ -205,7 +206,7 @@ def reserve_end(ctrl, head, end):
     return min(end + 8, ((end - 1) | (seg_size(ctrl) - 1)) + 1)
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def writable(ctrl, head, end):
     """The pages of [head, end) are reserved (so their segments are present) and mapped."""
     return reserve_end(ctrl, head, end) <= ctrl[RESERVED] and segments_cover(ctrl, head, end)
@@ -228,7 +229,7 @@ def seal_segment(ctrl, data64):
     return nxt
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def write_header(data64, w, length, flags, ts, msg_id, not_before, chan_att, seq):
     """Header words 1..5 of the record at word index w (the commit word is written by the caller)."""
     data64[w + R_TS] = ts
@@ -318,7 +319,7 @@ def append_private(ctrl, data, data64, ch, src, offsets, lengths, timestamps, id
     return out_pos[0]
 
 
-@njit(**KERNEL)
+@njit(**KERNEL_CALLEE)
 def valid_record(ctrl, data64, pos):
     """True if pos holds a committed, non-PAD record inside the retained log."""
     if pos < load_acquire(ctrl, TAIL) or pos >= state_word(ctrl, S_HEAD) or pos & 7:
@@ -328,7 +329,7 @@ def valid_record(ctrl, data64, pos):
     return w0 != 0 and ((w0 >> 32) & F_PAD) == 0 and length >= HDR
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def private_seq(priv, parked):
     """(the channel's private counter, this record's seq) for its next private record: a parked one is counted
     by no cursor (seq 0)."""
@@ -337,7 +338,7 @@ def private_seq(priv, parked):
     return priv + 1, priv + 1
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def publish_private(ctrl, data64, ch, gate_word, gate_value, priv, head):
     """Commit a batch of private records: the gate, then the channel's private counter, then the head."""
     store_release(data64, gate_word, gate_value)
@@ -391,7 +392,7 @@ def copy_forward(ctrl, data, data64, ch, positions, attempts, not_before, parked
 
 
 # --- reading -------------------------------------------------------------------------------------------------
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def skipped_by(data64, w, w0, ch):
     """PAD, parked, or another channel's private record: the channel's cursor passes it without delivering.
     (A PAD record may be a single word at the end of a segment: nothing after its commit word is read.)"""
@@ -410,7 +411,7 @@ def next_position(pos, w0, s):
     return pos + record_bytes(w0 & LOW32)
 
 
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def header_fields(data64, mask, pos, i, out_len, out_flags, out_ts, out_id, out_nb, out_att):
     w = (pos & mask) >> 3
     w0 = load_acquire(data64, w)
@@ -534,7 +535,7 @@ def rewind(ctrl, data64, ch, target):
 
 
 # --- NSQ V2 message frames -----------------------------------------------------------------------------------
-@njit(inline="always", **KERNEL)
+@njit(inline="always", **KERNEL_CALLEE)
 def put_be(out, at, value, nbytes):
     for k in range(nbytes):
         out[at + k] = (value >> (8 * (nbytes - 1 - k))) & 0xFF
@@ -570,7 +571,7 @@ def write_frames(ctrl, data, data64, positions, attempts, n, out, out_off):
 
 
 # --- channels, depth, reclaim, recovery ----------------------------------------------------------------------
-@njit(**KERNEL)
+@njit(**KERNEL_CALLEE)
 def active_channels(ctrl):
     count = 0
     for ch in range(ctrl[P_CHANNELS]):

@@ -72,6 +72,7 @@ import time
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc.atomics import copy_bytes, get_word, load_acquire, put_word, py_load_acquire, store_release
 from ipc.layout import (H_PARAMS, LINE, LINE_WORDS, align_up, bytes_view, check_header, is_power_of_two,
                         line_words, magic, stamp_header, words)
@@ -105,17 +106,17 @@ CONTROL_WORDS = 3 * LINE_WORDS
 CONTROL_BYTES = 3 * LINE
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT)
 def record_size(length):
     return (HEADER_BYTES + length + 7) & ~7
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT)
 def max_payload(capacity):
     return capacity // 2 - HEADER_BYTES
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT)
 def _room(ctl, end, cap):
     """Whether the consumer released enough for the producer to write up to position ``end`` (reloading HEAD
     with an acquire load only when the cached copy says no)."""
@@ -125,7 +126,7 @@ def _room(ctl, end, cap):
     return end - ctl[P_CACHED_HEAD] <= cap
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT_CALLEE)
 def _place(ctl, cap, size):
     """Where the next record of ``size`` bytes goes: -> the padding before it (> 0: it starts at index 0), or
     FULL (no room, or its pages are not reserved: WANT then says how many bytes must be).
@@ -156,7 +157,7 @@ def _place(ctl, cap, size):
     return pad
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_claim(ctl, data, length, rtype):
     """Reserve one record of ``length`` payload bytes and write its header. Returns the payload's index in
     ``data`` (fill it, then ``ring_commit``), or FULL / TOO_BIG. Producer only."""
@@ -179,7 +180,7 @@ def ring_claim(ctl, data, length, rtype):
     return idx + HEADER_BYTES
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_commit(ctl):
     """Publish every record claimed since the last commit (and the durable committed count). Producer only."""
     tail = ctl[P_TAIL]
@@ -193,7 +194,7 @@ def ring_commit(ctl):
     store_release(ctl, P_TAIL, new_tail)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_try_write(ctl, data, src, src_off, length, rtype):
     """Write and commit one record copied from src[src_off:src_off+length]. Returns OK, FULL or TOO_BIG."""
     at = ring_claim(ctl, data, length, rtype)
@@ -204,7 +205,7 @@ def ring_try_write(ctl, data, src, src_off, length, rtype):
     return OK
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_write_batch(ctl, data, src, offsets, lengths, types, start, count):
     """Write records start..start+count-1 (payload i is src[offsets[i]:offsets[i]+lengths[i]]) and commit them
     with one store. Returns how many were written: fewer than ``count`` when the ring filled up, or when
@@ -223,7 +224,7 @@ def ring_write_batch(ctl, data, src, offsets, lengths, types, start, count):
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_read_batch(ctl, data, out_off, out_len, out_type, max_count, max_bytes):
     """Collect up to ``max_count`` unread records (and, past the first, at most ``max_bytes`` of payload):
     payload index in ``data``, length, type. Advances READ, not HEAD. Returns the count or CORRUPT.
@@ -258,25 +259,25 @@ def ring_read_batch(ctl, data, out_off, out_len, out_type, max_count, max_bytes)
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_release(ctl, upto):
     """Hand the bytes before position ``upto`` (HEAD <= upto <= READ) back to the producer. Consumer only."""
     store_release(ctl, C_HEAD, upto)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_release_read(ctl):
     """Release everything read so far. Consumer only."""
     store_release(ctl, C_HEAD, ctl[C_READ])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_readable(ctl):
     """Committed bytes not yet read (0: nothing to read). Consumer only (it reads its private READ)."""
     return load_acquire(ctl, P_TAIL) - ctl[C_READ]
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_can_claim(ctl, capacity, length):
     """Whether a record of ``length`` payload bytes can be claimed now: room and reserved pages (WANT is set
     when only the pages are missing). Producer only."""
@@ -285,13 +286,13 @@ def ring_can_claim(ctl, capacity, length):
     return _place(ctl, capacity, record_size(length)) >= 0
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_free(ctl, capacity):
     """Bytes the producer could claim now (a record may need padding too). Producer only."""
     return capacity - (ctl[P_CLAIM] - load_acquire(ctl, C_HEAD))
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_committed_count(ctl):
     """Records committed since the ring was created, as recorded with the current TAIL (-1: inconsistent)."""
     tail = load_acquire(ctl, P_TAIL)
@@ -302,7 +303,7 @@ def ring_committed_count(ctl):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_producer_recover(ctl):
     """Resume a producer at TAIL, dropping claimed but uncommitted records. Returns the committed count."""
     count = ring_committed_count(ctl)
@@ -312,7 +313,7 @@ def ring_producer_recover(ctl):
     return count
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def ring_consumer_recover(ctl):
     """Resume a consumer at HEAD: records read but not released will be read again."""
     ctl[C_READ] = ctl[C_HEAD]

@@ -49,6 +49,7 @@ import os
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT
 from ipc.atomics import cpu_pause, fence, load_acquire, py_fetch_add, py_load_acquire, py_store_release, \
     store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
@@ -86,7 +87,7 @@ USER_WORDS = LINE_WORDS - B_USER
 
 
 # ---- kernels --------------------------------------------------------------------------------------------
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _create(tbl, idx, kinds, uids, bodies):
     for j in range(idx.size):
         r = ROWS_AT + idx[j] * ROW_WORDS
@@ -100,7 +101,7 @@ def _create(tbl, idx, kinds, uids, bodies):
         store_release(tbl, r + R_KIND, kinds[j])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _update(tbl, idx, counters):
     fence()  # the last batch's GEN stores before this batch's copy writes (see the module docstring)
     for j in range(idx.size):
@@ -112,13 +113,13 @@ def _update(tbl, idx, counters):
         store_release(tbl, r + R_GEN, g + 1)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _free(tbl, idx):
     for j in range(idx.size):
         store_release(tbl, ROWS_AT + idx[j] * ROW_WORDS + R_KIND, FREE)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _copy(tbl, hwm, out, tries, counts):
     """Copy every live row below hwm into out (compacted); counts = [rows copied, rows left out as torn]."""
     n = 0

@@ -36,6 +36,7 @@ import select
 
 from numba import njit
 
+from ipc.numba_cache import JIT
 from ipc.atomics import cas, fence, fetch_add, load_acquire, store_release
 from ipc.layout import LINE, LINE_WORDS, check_header, line_words, magic, stamp_header, words
 
@@ -47,25 +48,25 @@ W_SLEEPING, W_SIGNALS = 0, 1  # word offsets inside a reader's line
 _FIRST = line_words(1)
 
 
-@njit(cache=True, nogil=True, inline="always")
+@njit(nogil=True, inline="always", **JIT)
 def _line(reader):
     return _FIRST + reader * LINE_WORDS
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def wake_arm(flags, reader):
     """Reader, before its last re-check: announce that it is going to sleep."""
     store_release(flags, _line(reader) + W_SLEEPING, 1)
     fence()
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def wake_disarm(flags, reader):
     """Reader, when it found work after arming (or woke up): True if no writer had claimed the wake-up."""
     return cas(flags, _line(reader) + W_SLEEPING, 1, 0) == 1
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def wake_check(flags, reader):
     """Writer, right after committing to a ring of ``reader``: True if the caller must write the reader's
     eventfd (at most one writer gets True per sleep)."""

@@ -57,6 +57,7 @@ import zlib
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc import sysio as S
 from ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from ipc.wake import wake_check
@@ -74,13 +75,13 @@ FWD_HEAD_SIZE = FWD_HEAD.size
 EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # struct epoll_event (packed)
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT_CALLEE)
 def _put_le64(data, at, v):
     for k in range(8):
         data[at + k] = (v >> (8 * k)) & 0xFF
 
 
-@njit(cache=True)
+@njit(**JIT_CALLEE)
 def _one_message_commands(st, n):
     """Whether each of the n staged messages came alone in its command (a PUB, or an MPUB of one)."""
     for i in range(n):
@@ -89,7 +90,7 @@ def _one_message_commands(st, n):
     return True
 
 
-@njit(cache=True)
+@njit(**JIT_CALLEE)
 def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
                    timestamp_ns, large):
     """Write the n staged messages (all of topic t) as one FORWARD record into the ring to ``owner`` (the same
@@ -120,7 +121,7 @@ def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at
     return True
 
 
-@njit(cache=True)
+@njit(**JIT)
 def serve(main_ep, events, until, slice_s, me, large, res,
           pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts,
           topic_owner, full_at, full_val, control_words, seg_words, seg_bytes, ctl_at, data_at, capacity,

@@ -13,6 +13,7 @@ import socket
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT
 from ipc.fdpass import PeerGone
 from workers.auth import AuthState
 from nsqpy.protocol.errors import ProtocolError
@@ -29,7 +30,7 @@ NAP_WINDOW = 64   # forwards to an owner per look at how many of them found it a
 NAPS_FORWARDS, NAPS_WOKE, NAPS_IDLE = range(3)  # rows of OwnerNaps.naps
 
 
-@njit(cache=True)
+@njit(**JIT)
 def owner_nap(naps, owner, woke):
     """One forward to ``owner`` (``woke``: it had to be woken) in ``OwnerNaps.naps``; shared by the Python path and
     the compiled forward lane (workers/fastlane.py)."""

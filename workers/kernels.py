@@ -7,6 +7,7 @@ writer and these run in the worker, so plain loads are enough.
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT
 from ipc.inflight import (C_N_LIVE, DEFERRED, F_ATTEMPTS, FREE, HALF_WORDS, REQUEUED, S_CHANNEL, S_HALF0,
                           S_LOG_POS, S_TAG, SLOT_WORDS, inflight_start_batch)
 from ipc.msglog_kernels import advance, read_channel, write_frames
@@ -17,7 +18,7 @@ from workers.suspects import COUNT, DELIVERY, KEY, KIND, POS, TOPIC
 GENERAL = -1   # deliver_round did nothing: the round needs the general path (Channel._deliver_to)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def low_water(slots, out):
     """out[channel key] = the lowest log position a live slot of that channel holds (out preset to 'none').
     Channel keys are unique within a worker, so one pass serves every topic."""
@@ -29,7 +30,7 @@ def low_water(slots, out):
                 out[key] = slots[b + S_LOG_POS]
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def slots_of_channel(slots, key, out):
     """Live slots of channel `key` into out; -> how many (may exceed out's length)."""
     n = 0
@@ -42,7 +43,7 @@ def slots_of_channel(slots, key, out):
     return n
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def slot_fields(slots, which, out_gen, out_pos, out_attempts):
     """Generation, log position and attempts of the given slots."""
     for i in range(which.shape[0]):
@@ -53,7 +54,7 @@ def slot_fields(slots, which, out_gen, out_pos, out_attempts):
         out_attempts[i] = slots[b + S_HALF0 + ((tag >> 2) & 1) * HALF_WORDS + F_ATTEMPTS]
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def waiting_positions(slots, which, out_pos):
     """Log position of each given slot that is REQUEUED or DEFERRED (waiting to be delivered again), else -1
     (a slot that changed state since it was queued: redelivering it will fail, and its position may be gone)."""
@@ -70,7 +71,7 @@ def generations(table, which):
     return gen, pos, att
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, table_ctl, table_slots, table_index,
                   topic, key, conn, pos, lens, flags, ts, ids, nb, att, slots, out, words, wbase, fd):
     """One delivery round from channel ch's cursor in one call: the log read (``read_channel``, at most

@@ -69,6 +69,7 @@ import time
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT
 from ipc.atomics import py_load_acquire, py_store_release
 from ipc.layout import LINE, HEADER_WORDS, align_up, check_header, magic, stamp_header, words
 from ipc.wake import Wakeups, make_eventfd
@@ -369,7 +370,7 @@ class LinkSet:
         self.wakeups.sleep(proc, lambda: not still_empty(), timeout)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _nonempty(words, tails, reads, out):
     n = 0
     for i in range(tails.shape[0]):

@@ -37,6 +37,7 @@ that no OK can overtake them).
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT_CALLEE
 from ipc import sysio as S
 from ipc.msglog_kernels import append_batch
 from nsqpy.protocol.kernels import snowflake_fill
@@ -58,7 +59,7 @@ SLOTS_AT = READ_AT + 7 * MAX_N                        # each row's in-flight slo
 WORDS = SLOTS_AT + MAX_ROWS * MAX_N
 
 
-@njit(cache=True)
+@njit(**JIT_CALLEE)
 def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots, table_index, out, words):
     """Append the n staged messages of lone PUBs and MPUBs (bodies in buf, rows of st as the pump staged them) to
     the armed topic's log (ctrl, data, data64) and run each armed row's delivery round (module docstring). -> False,

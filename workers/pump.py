@@ -50,6 +50,7 @@ import time
 import numpy as np
 from numba import int64, njit
 
+from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc import sysio as S
 from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
@@ -78,7 +79,7 @@ _PUB = np.frombuffer(b"PUB ", np.uint8).copy()
 _MPUB = np.frombuffer(b"MPUB ", np.uint8).copy()
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT_CALLEE)
 def _name_hash(buf, start, n):
     h = np.uint64(1469598103934665603)
     for i in range(n):
@@ -86,7 +87,7 @@ def _name_hash(buf, start, n):
     return np.int64(h & np.uint64(TABLE_SLOTS - 1))
 
 
-@njit(cache=True)
+@njit(**JIT)
 def find_topic(buf, start, n, names, name_lens, table):
     """The id of the topic named buf[start:start+n], or -1."""
     slot = _name_hash(buf, start, n)
@@ -105,7 +106,7 @@ def find_topic(buf, start, n, names, name_lens, table):
         slot = (slot + 1) & (TABLE_SLOTS - 1)
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _insert_topic(name, names, name_lens, table, t):
     n = name.size
     slot = _name_hash(name, 0, n)
@@ -117,7 +118,7 @@ def _insert_topic(name, names, name_lens, table, t):
     table[slot] = t
 
 
-@njit(cache=True)
+@njit(**JIT)
 def lone_pub_line(buf, at, got, max_msg):
     """The offset of the "\\n" when buf[at:at+got] is exactly one `PUB <name>\\n<size><body>` with
     0 < size <= max_msg (the name is not checked here), else -1."""
@@ -139,7 +140,7 @@ def lone_pub_line(buf, at, got, max_msg):
     return nl
 
 
-@njit(cache=True)
+@njit(**JIT)
 def lone_mpub_line(buf, at, got, max_msg, max_body):
     """(offset of the "\\n", message count) when buf[at:at+got] is exactly one `MPUB <name>\\n<body size><count>`
     followed by count `<size><body>` that fill the body exactly, with 0 < body size <= max_body, count > 0 and
@@ -174,7 +175,7 @@ def lone_mpub_line(buf, at, got, max_msg, max_body):
     return nl, n
 
 
-@njit(cache=True, inline="always")
+@njit(inline="always", **JIT_CALLEE)
 def _stage(st, k, fd, fd_gen, t, off, length, n, last):
     st[ST_FD, k] = fd
     st[ST_GEN, k] = fd_gen
@@ -185,7 +186,7 @@ def _stage(st, k, fd, fd_gen, t, off, length, n, last):
     st[ST_LAST, k] = last
 
 
-@njit(cache=True, locals={"cur": int64})  # cur = 0 would first compile lone_*_line for Literal[int](0)
+@njit(locals={"cur": int64}, **JIT)  # cur = 0 would first compile lone_*_line for Literal[int](0)
 def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts):
     counts[0] = 0
     counts[1] = 0
@@ -246,7 +247,7 @@ def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, na
     counts[1] = other
 
 
-@njit(cache=True)
+@njit(**JIT_CALLEE)
 def _streak(fd, worker, now, streak, streak_owner, streak_t0):
     """Count one more one-message command of fd's to topics of ``worker``; -> the seconds its last MOVE_AFTER
     took when this one completes a window of MOVE_AFTER (the next window starts now), else -1."""
@@ -263,7 +264,7 @@ def _streak(fd, worker, now, streak, streak_owner, streak_t0):
     return took
 
 
-@njit(cache=True)
+@njit(**JIT)
 def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_t0, moved_in):
     """After a one-message command of fd's to a topic of worker ``owner``: should the producer move (to the
     owner, or out of it: Python tells which by ``streak_owner[fd] == me``)? Called again every MOVE_AFTER, so a
@@ -283,7 +284,7 @@ def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_
     return mode == OWNER or took * rates[RATE_IN] >= MOVE_AFTER     # auto: only a slow producer moves in
 
 
-@njit(cache=True)
+@njit(**JIT)
 def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, sw, me, mode, rates, now,
                      topic_owner, streak, streak_owner, streak_t0, moved_in, movers):
     """After the staged messages were published: count each in its session's tally and, at the last message of

@@ -25,6 +25,7 @@ import zlib
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc.atomics import copy_bytes, fence, load_acquire, store_release
 from ipc.ring import P_WANT_ROOM
 
@@ -42,7 +43,7 @@ def owner_of(topic, workers):
 
 
 # ---- forwarded publishes ---------------------------------------------------------------------------------
-@njit(cache=True)
+@njit(**JIT)
 def pack_bodies(src, offsets, lengths, out, at):
     """n little-endian int64 lengths, then the n bodies src[offsets[i]:offsets[i]+lengths[i]], into out[at:]
     (a forwarded publish's payload after its header); returns the end."""
@@ -113,7 +114,7 @@ RUN_WORDS = 7
 FWD_HEAD_SIZE = FWD_HEAD.size
 
 
-@njit(cache=True)
+@njit(**JIT_CALLEE)
 def _le64(data, at):
     v = np.int64(0)
     for k in range(8):
@@ -121,7 +122,7 @@ def _le64(data, at):
     return v
 
 
-@njit(cache=True)
+@njit(**JIT_CALLEE)
 def _same_bytes(data, a, b, n):
     for k in range(n):
         if data[a + k] != data[b + k]:
@@ -129,7 +130,7 @@ def _same_bytes(data, a, b, n):
     return True
 
 
-@njit(cache=True)
+@njit(**JIT)
 def plan_forward_runs(data, offs, lens, types, runs, msg_off, msg_len, msg_ts):
     """Group a drained batch of ring records (payload i at data[offs[i]:offs[i]+lens[i]]) into runs, in order.
     A run of RUN_APPEND = 1 is consecutive FORWARD records for one topic without a defer: its RUN_MSGS messages
@@ -221,14 +222,14 @@ def unpack_command(payload):
 
 
 # ---- room in a ring (sender waits, reader wakes it) -------------------------------------------------------
-@njit(cache=True)
+@njit(**JIT)
 def set_want_room(ctl, value):
     """Producer: announce (1) or withdraw (0) that it waits for room; fenced, so its next HEAD load comes after."""
     store_release(ctl, P_WANT_ROOM, value)
     fence()
 
 
-@njit(cache=True)
+@njit(**JIT)
 def want_room(ctl):
     """Reader, after releasing records: does the producer wait for room? (fenced after the release)"""
     fence()

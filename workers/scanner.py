@@ -26,6 +26,7 @@ import time
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT
 from ipc.heap import heap_push, heap_remove, heap_update
 
 START, REMOVE, RESET, EXPIRED = 1, 2, 3, 4
@@ -33,7 +34,7 @@ MAX_SLEEP = 0.05  # workers do not wake the scanner for timers due later than th
 SHIFT_BATCH = 4096
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def apply_starts(ctl, keys, vals, pos, gens, recs):
     """recs: (n, 3) int64 rows of (slot, generation, key)."""
     for i in range(recs.shape[0]):
@@ -47,7 +48,7 @@ def apply_starts(ctl, keys, vals, pos, gens, recs):
         gens[slot] = gen
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def apply_removes(ctl, keys, vals, pos, slots):
     for i in range(slots.shape[0]):
         slot = slots[i]

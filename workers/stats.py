@@ -49,6 +49,7 @@ import time
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT
 from ipc import msglog_kernels as MK
 from ipc.msglog_layout import C_CURSOR, S_BACKLOG, S_BACKLOG_SEQ, S_HEAD, S_HEAD_SEQ, table_at
 from ipc.statrows import COPY_A, R_BODY, RowWriter
@@ -461,7 +462,7 @@ def _on_disk(log, start, head, count):
     return min(count, round(count * on_disk / (head - start)))
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def _log_numbers(ctrl, slots, out):
     """A topic's log numbers other processes could read too, in one call: head seq, backlog seq, backlog
     position, head position, then per channel slot its depth (public after the cursor and its private records)

@@ -15,6 +15,8 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
+from ipc.numba_cache import JIT, JIT_CALLEE
+
 # Status codes shared with the Python layer.
 OK = 0
 NEED_MORE = 1       # the buffer ends before the next item is complete
@@ -29,7 +31,7 @@ _CR = 13
 _SP = 32
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def read_i32(buf, p):
     v = (np.int64(buf[p]) << 24) | (np.int64(buf[p + 1]) << 16) | (np.int64(buf[p + 2]) << 8) | np.int64(buf[p + 3])
     if v >= 2147483648:
@@ -37,13 +39,13 @@ def read_i32(buf, p):
     return v
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def write_be(out, p, value, nbytes):
     for k in range(nbytes):
         out[p + k] = (value >> (8 * (nbytes - 1 - k))) & 0xFF
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT_CALLEE)
 def hex_value(b):
     """Lowercase hex digit -> 0..15, anything else -> -1 (nsqd only ever issues lowercase IDs)."""
     if 48 <= b <= 57:
@@ -53,7 +55,7 @@ def hex_value(b):
     return -1
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def mpub_split(buf, pos, end, limit, count, done, max_msg, offsets, lengths):
     """Walk the messages of an MPUB body, resumably.
 
@@ -87,7 +89,7 @@ def mpub_split(buf, pos, end, limit, count, done, max_msg, offsets, lengths):
     return OK, done, pos, 0
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def fin_run(buf, pos, end, max_line, ids, values, valid):
     """Parse consecutive `FIN <16-byte id>[ ignored...][\\r]\\n` lines from `pos`.
 
@@ -144,7 +146,7 @@ def fin_run(buf, pos, end, max_line, ids, values, valid):
     return n, pos
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def rdy_run(buf, pos, end, max_rdy):
     """Parse consecutive well-formed, in-range `RDY[ <digits>][\\r]\\n` lines. Returns (n, last_count, pos)."""
     n = 0
@@ -172,7 +174,7 @@ def rdy_run(buf, pos, end, max_rdy):
     return n, last, pos
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def frame_messages(out, out_pos, timestamps, attempts, ids, src, offsets, lengths):
     """Write one V2 message frame per message into `out` from `out_pos`.
 
@@ -204,7 +206,7 @@ def frame_messages(out, out_pos, timestamps, attempts, ids, src, offsets, length
     return total
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def decode_message_frames(buf, pos, end, max_frame, timestamps, attempts, id_values, body_offsets, body_lengths):
     """Client side: parse consecutive message frames from `pos`. Returns (status, n, pos); the status tells
     why it stopped: OK (output full or exactly at `end`), NEED_MORE, OTHER_FRAME (a response or error frame
@@ -246,7 +248,7 @@ def decode_message_frames(buf, pos, end, max_frame, timestamps, attempts, id_val
     return OK, n, pos
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True, **JIT)
 def snowflake_fill(out, tick_now, last_tick, seq, node_id):
     """Fill `out` with consecutive IDs of one generator (see `ids.IdGenerator`). Returns (last_tick, seq)."""
     tick = tick_now
