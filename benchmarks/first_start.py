@@ -20,9 +20,9 @@ no list for it.
 --steps measures what a first start's compile costs on a host with more cores: each warm-up step
 (workers/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
 cache (its imports, which compile the kernels loaded at import, are not counted). `steps` lists the seconds per
-step (a step the warm-up makes wait for the steps before it, ``WAITS_FOR_PREVIOUS``, is timed after they ran in
-the same process: `waits`); `predicted_kernels_s` hands them out as the warm-up's queue does to its compiling
-processes (each free process takes the next step in order, a waiting one starting once those before it are
+step (a step the warm-up makes wait for others, ``warmup.WAITS_FOR``, is timed after they ran in the same process:
+`waits` lists their indices); `predicted_kernels_s` hands them out as the warm-up's queue does to its compiling
+processes (each free process takes the next step in order, a waiting one starting once those it waits for are
 done; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and takes when the last one finishes: the
 warm-up phase on a host with P cores as fast as this one's, if compiling processes do not slow each other down.
 Kernels that several steps share compile once per process that needs them, so the P = 1 figure overstates a
@@ -94,10 +94,12 @@ if sys.argv[2] == "count":
     sys.exit(0)
 i = int(sys.argv[2])
 step = steps[i]
-waits = step in getattr(warmup, "WAITS_FOR_PREVIOUS", ())
-if waits:  # as in the warm-up: the steps before it compiled first (untimed), so their kernels are there
-    for before in steps[:i]:
-        before()
+if hasattr(warmup, "dependencies"):
+    waits = list(warmup.dependencies(steps).get(i, ()))
+else:  # a checkout of before 2026-11-27: a step of WAITS_FOR_PREVIOUS waits for every step before it
+    waits = list(range(i)) if step in getattr(warmup, "WAITS_FOR_PREVIOUS", ()) else []
+for j in waits:  # as in the warm-up: the steps it waits for compiled first (untimed), so their kernels are there
+    steps[j]()
 t0 = time.perf_counter()
 step()
 fn = getattr(step, "func", step)
@@ -120,14 +122,14 @@ def step_cost(checkout, index):
     return json.loads(out.stdout.strip().splitlines()[-1])
 
 
-def predicted_kernels_s(seconds, processes, waits=()):
-    """The warm-up's queue (each process, when free, takes the next step in order; a step whose index is in
-    ``waits`` starts once every step before it finished): -> when the last finishes."""
+def predicted_kernels_s(seconds, processes, waits=None):
+    """The warm-up's queue (each process, when free, takes the next step in order; step k starts once the steps
+    at the indices ``waits[k]`` finished, all taken before it): -> when the last finishes."""
     free_at = [0.0] * max(1, min(len(seconds), processes))
     ends = []
     for k, s in enumerate(seconds):
         i = free_at.index(min(free_at))
-        start = max([free_at[i]] + ends) if k in waits else free_at[i]
+        start = max([free_at[i]] + [ends[j] for j in (waits or {}).get(k, ())])
         free_at[i] = start + s
         ends.append(free_at[i])
     return max(free_at)
@@ -141,10 +143,11 @@ def steps_main(opts):
     steps = []
     for i in indices:
         got = step_cost(REPO, i)
-        steps.append({"index": i, "name": got["name"], "s": round(got["s"], 3), "waits": got.get("waits", False)})
+        steps.append({"index": i, "name": got["name"], "s": round(got["s"], 3), "waits": got.get("waits", [])})
         log(f"step {i} {got['name']}: {got['s']:.2f}s")
     seconds = [x["s"] for x in steps]
-    waits = {k for k, x in enumerate(steps) if x["waits"]}
+    at = {x["index"]: k for k, x in enumerate(steps)}  # (a subset of --steps: waits for steps not timed count 0)
+    waits = {k: [at[j] for j in x["waits"] if j in at] for k, x in enumerate(steps)}
     result = dict(environment(), tool="first_start", mode="steps", steps=steps,
                   predicted_kernels_s={p: round(predicted_kernels_s(seconds, p, waits), 2) for p in (1, 2, 4, 16, 64)})
     emit(result, opts.out)

@@ -123,14 +123,21 @@ def _delivery(prefix):
                         np.empty(1024, np.uint8), words, 0, -1)
 
 
+def _append(log, src):
+    log.append_batch(src, np.array([0, 6], np.int64), np.array([5, 5], np.int64), np.zeros(2, np.int64),
+                     np.array([1, 2], np.int64), None)
+
+
+def _log_append(prefix):
+    """The append of a writable source (the pump's buffer, a ring's): what the lane's own path calls."""
+    with _throwaway_log(f"{prefix}-warmup-append") as (log, _, _):
+        _append(log, np.frombuffer(b"hello world", np.uint8).copy())
+
+
 def _log(prefix):
     with _throwaway_log(f"{prefix}-warmup") as (log, ctrl_buf, memory):
         ch = log.open_channel()
-        src = np.frombuffer(b"hello world", np.uint8)
-        n = 2
-        for body in (src, src.copy()):  # read-only (a client's bytes) and writable (the pump's, a ring's) sources
-            log.append_batch(body, np.array([0, 6], np.int64), np.array([5, 5], np.int64), np.zeros(n, np.int64),
-                             np.array([1, 2], np.int64), None)
+        _append(log, np.frombuffer(b"hello world", np.uint8))  # read-only: a client's bytes (_log_append: others)
         b = log.read(ch, 8, 1 << 20)
         log.records_at(b.positions[:1])
         log.cursor(ch)
@@ -193,16 +200,32 @@ def _persistence():
 
 def _steps(prefix):
     """The warm-up steps, in the order the compiling processes take them: the costliest first, but the forward
-    lane's after the steps whose kernels it calls (it waits for them: ``WAITS_FOR_PREVIOUS``)."""
+    lane's after the steps whose kernels it calls (it waits for them: ``dependencies``) and one more, so that on
+    2 cores the process that takes it finds them done."""
     name = prefix.rstrip("-")
-    return [functools.partial(_log, name), functools.partial(_delivery, name), _pump, fastlane.warm_up, _inflight,
-            _timers, records.warm_up, _rings, _deferred, stats.warm_up, _protocol, _persistence, statrows.warm_up]
+    return [functools.partial(_log_append, name), functools.partial(_delivery, name), _pump,
+            functools.partial(_log, name), fastlane.warm_up, _inflight, _timers, records.warm_up, _rings, _deferred,
+            stats.warm_up, _protocol, _persistence, statrows.warm_up]
 
 
-# Steps that wait until every step before them is done when they compile in parallel: the lane's kernel calls the
-# log's, the delivery round's and the pump's kernels, and compiled alone it compiles them all again
+# A step whose kernels call kernels of other steps waits for those when the steps compile in parallel, so that it
+# loads their kernels from the cache instead of compiling them again: the lane's kernel calls the log's append,
+# the delivery round's and the pump's kernels, and compiled alone it compiles them all
 # (benchmarks/results/first_start_steps_own.json against first_start_steps_wait.json; ARCHITECTURE.md, warmup.py)
-WAITS_FOR_PREVIOUS = (fastlane.warm_up,)
+WAITS_FOR = {fastlane.warm_up: (_log_append, _delivery, _pump)}
+
+
+def _function(step):
+    return getattr(step, "func", step)
+
+
+def dependencies(steps):
+    """{index of a step: indices of the steps in ``steps`` it waits for} (``WAITS_FOR``)."""
+    at = {_function(step): i for i, step in enumerate(steps)}
+    return {i: tuple(at[f] for f in WAITS_FOR[_function(step)])
+            for i, step in enumerate(steps) if _function(step) in WAITS_FOR}
+
+
 WAIT_LIMIT_S = 300.0   # a step waited for longer than this (a compiling process died?) is compiled here anyway
 
 
@@ -210,9 +233,10 @@ def _compile_in_parallel(steps, processes, log):
     """Cold cache: ``processes`` forked children take the steps one at a time from a shared queue (a pipe of
     step numbers, in order: whoever is free takes the next), so that numba compiles them on every core at once
     and writes them to its cache; the caller then loads them all (milliseconds each). Dealing them out in fixed
-    shares left one child with most of the work on 2 cores. A step of WAITS_FOR_PREVIOUS first waits until the
-    steps before it are done (marks in shared memory), so that it loads their kernels instead of compiling them a
-    second time. Forking here is safe: the supervisor has no thread yet and numba has compiled nothing."""
+    shares left one child with most of the work on 2 cores. A step of WAITS_FOR first waits until the steps it
+    names are done (marks in shared memory), so that it loads their kernels instead of compiling them a second
+    time. Forking here is safe: the supervisor has no thread yet and numba has compiled nothing."""
+    waits = dependencies(steps)
     done = mmap.mmap(-1, len(steps))            # shared with the children: 1 when step i finished (or failed)
     queue_r, queue_w = os.pipe()
     os.write(queue_w, bytes(range(len(steps))))  # a few bytes: far below a pipe's capacity, never blocks
@@ -226,8 +250,7 @@ def _compile_in_parallel(steps, processes, log):
                 while step := os.read(queue_r, 1):  # one byte: a pipe's reads of it are atomic
                     i = step[0]
                     try:
-                        if steps[i] in WAITS_FOR_PREVIOUS:
-                            _wait_for(done, i)
+                        _wait_for(done, waits.get(i, ()))
                         steps[i]()
                     finally:
                         done[i] = 1
@@ -241,11 +264,11 @@ def _compile_in_parallel(steps, processes, log):
         log.warn(f"{failed} of {processes} kernel-compiling processes failed; compiling the rest here")
 
 
-def _wait_for(done, i):
-    """Until steps 0..i-1 are marked done (each is taken before step i, so each is running or finished), or
-    WAIT_LIMIT_S passed."""
+def _wait_for(done, indices):
+    """Until the steps at ``indices`` are marked done (each is taken before the step that waits, so each is running
+    or finished), or WAIT_LIMIT_S passed."""
     give_up = time.monotonic() + WAIT_LIMIT_S
-    while done[:i].count(0) and time.monotonic() < give_up:
+    while any(done[j] == 0 for j in indices) and time.monotonic() < give_up:
         time.sleep(0.05)
 
 

@@ -170,10 +170,13 @@ def test_first_start_prediction_hands_each_step_to_the_first_free_process():
     assert first_start.predicted_kernels_s([5, 4, 3, 2], 2) == 7
     assert first_start.predicted_kernels_s([5, 4, 3, 2], 1) == 14
     assert first_start.predicted_kernels_s([5, 4, 3, 2], 64) == 5
-    # a waiting step starts once those before it are done: the 2 waits in the process free at 4 until 5, and
-    # the 3 goes to the one free at 5
-    assert first_start.predicted_kernels_s([5, 4, 2, 3], 2, waits={2}) == 8
-    assert first_start.predicted_kernels_s([5, 4, 2, 3], 64, waits={2}) == 7
+    # a waiting step starts once the steps it waits for are done: the 2 waits in the process free at 4 until 5,
+    # and the 3 goes to the one free at 5
+    assert first_start.predicted_kernels_s([5, 4, 2, 3], 2, waits={2: (0, 1)}) == 8
+    assert first_start.predicted_kernels_s([5, 4, 2, 3], 64, waits={2: (0, 1)}) == 7
+    # waiting for the 4 only: it starts at 4 in that process, and the 3 goes to the one free at 5
+    assert first_start.predicted_kernels_s([5, 4, 2, 3], 2, waits={2: (1,)}) == 8
+    assert first_start.predicted_kernels_s([5, 4, 2, 3], 64, waits={2: (1,)}) == 6
 
 
 def test_make_table_rewrites_only_between_the_markers(tmp_path):
