@@ -31,7 +31,12 @@ send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It ret
   (``OwnPath.done``, then ``Pump.settled`` if needed; ``workers/ownpath.py``), then ``Pump.after_read`` takes the
   data;
 * R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
-  first forward (the idle step's periodic duties get a turn), or epoll was interrupted.
+  first forward or FIN (the idle step's periodic duties get a turn), or it took MAX_FINS FINs, or epoll was
+  interrupted.
+
+A read that is one whole FIN from a consumer of the armed own topic (``ownpath.own_fin``) is taken in the lane:
+the message is freed, and the lane waits on (alone) or publishes the PUBs beside it with the RDY it freed. Python
+applies its share (``OwnPath.fins_done``) as soon as the lane returns, whatever it returns, before anything else.
 
 Why this is safe: the lane only runs while the worker's wake-up flag is armed, and it stays armed (nothing in the
 lane disarms it), so any process committing to one of this worker's rings writes its eventfd, which ends the
@@ -62,7 +67,7 @@ from ipc import sysio as S
 from ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from ipc.wake import wake_check
 from workers.handover import owner_nap
-from workers.ownpath import OW_ARMED, OW_T, WORDS, idle_args, own_publish
+from workers.ownpath import MAX_FINS, OW_ARMED, OW_FINS, OW_T, WORDS, idle_args, own_fin, own_publish
 from workers.pump import MAX_EVENTS, ST_LEN, ST_N, ST_OFF, ST_TOPIC, _read, _settle_and_send
 from workers.records import FORWARD, FWD_HEAD, pack_bodies
 
@@ -150,6 +155,17 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
               counts)
         staged = counts[0]
+        # a consumer's FIN on the armed topic, alone or beside its PUBs (first: the RDY it frees takes them)
+        if own[OW_ARMED] != 0 and own_fin(counts, out, buf, own, table_ctl, table_slots, table_index) and \
+                staged == 0:
+            if own[OW_FINS] >= MAX_FINS:
+                res[RES_CODE] = R_TIMEOUT  # Python's share of them is due
+                break
+            if own[OW_FINS] == 1:
+                now = S.monotonic()
+                if stop_at < 0 or now + slice_s < stop_at:
+                    stop_at = now + slice_s
+            continue
         if staged == 0 or counts[2]:
             res[RES_CODE] = R_READ
             break
@@ -181,7 +197,7 @@ def serve(main_ep, events, until, slice_s, me, large, res,
             res[RES_CODE] = R_OWN if mine else R_SETTLED
             res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
             break
-        if forwards == 1 and (stop_at < 0 or now + slice_s < stop_at):
+        if forwards == 1 and (stop_at < 0 or now + slice_s < stop_at):  # (a FIN's: above)
             stop_at = now + slice_s
     res[RES_FORWARDS] = forwards
 
@@ -257,7 +273,10 @@ class FastLane:
               p.streak_owner, p.streak_t0, p.moved_in, p.movers, *own)
         code, forwards = int(res[RES_CODE]), int(res[RES_FORWARDS])
         self.forwards += forwards
-        if forwards or code == R_OWN:
+        fins = self.own is not None and self.own.words[OW_FINS] > 0
+        if fins:
+            self.own.fins_done()  # before the publish's share below (ownpath.OwnPath.fins_done)
+        if forwards or fins or code == R_OWN:
             self.misses = 0
         else:
             self.misses += 1

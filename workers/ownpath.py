@@ -33,30 +33,49 @@ not finish (a round ``deliver_round`` leaves to the general path, or fewer free 
 usual delivery pass from Python, and so does every channel after a row whose frames the socket did not all
 take (the round buffer holds those until Python queues them; that consumer's socket is marked busy first, so
 that no OK can overtake them).
+
+A round-trip consumer's FIN comes between its producer's PUBs, and cost the owner a second trip through Python
+per message (its read, ``Channel.finish_one``, the idle step, arming again). So a row also names the consumer
+whose turn it is when none has free RDY (its free RDY, 0 or less, kept in the row), and, when that consumer's
+session could hand a FIN straight to its channel (``_takes_fins``: subscribed, parser idle, not held or closing,
+TLS not pending, no end-to-end latency window), a read that is exactly one ``FIN <id>\\n`` from it is the lane's
+(``own_fin``): the in-flight table frees the message (a FIN that fails is left to Python, which answers it), the
+row gains the RDY, and (row, slot) waits in ``words`` for ``fins_done``, which the lane's caller runs first
+whatever the lane returned: the round's timer, the session's counts, the channel's pass or change mark. Its
+timers leave before ``done`` starts the next round's, since that round may reuse the freed slot.
 """
 import numpy as np
 from numba import njit
 
 from ipc.numba_cache import JIT_CALLEE
 from ipc import sysio as S
+from ipc.inflight import inflight_finish_batch
 from ipc.msglog_kernels import append_batch
 from nsqpy.protocol.kernels import snowflake_fill
+from nsqpy.protocol.states import STATE_SUBSCRIBED
 from workers.channel import MAX_ROUND_BYTES, ROUND
 from workers.kernels import deliver_round
-from workers.pump import ST_LEN, ST_OFF
+from workers.pump import DATA, ST_LEN, ST_OFF
 
 MAX_ROWS = 4     # channels one armed topic may deliver to in the kernel
 MAX_N = 16       # messages (PUBs, MPUBs) one read may stage for the kernel to take
-OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE = range(8)
-HEAD = 8
-RW_CH, RW_KEY, RW_CONN, RW_FD, RW_BUDGET, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE = range(10)
-ROW = 10
+MAX_FINS = 64    # FINs the lane may take before Python applies them
+FIN_LINE = 21    # "FIN " + 16 hex digits + "\n": the one form the lane takes (workers/session.py FIN_LINE)
+OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE, OW_FINS = range(9)
+HEAD = 9
+# a row: its channel and consumer; RW_FREE is the consumer's free RDY (rdy - in flight: 0 or less for a row armed
+# for FINs only), RW_FINS whether the lane may take its FINs
+RW_CH, RW_KEY, RW_CONN, RW_FD, RW_FREE, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE, RW_FINS = range(11)
+ROW = 11
 _ROWS_AT = HEAD
 A_TS = _ROWS_AT + MAX_ROWS * ROW                      # the append's timestamps, IDs and not-befores
 A_IDS, A_NB, A_POS = A_TS + MAX_N, A_TS + 2 * MAX_N, A_TS + 3 * MAX_N   # A_POS: an empty slice (no positions)
 READ_AT = A_TS + 3 * MAX_N                            # the rounds' read columns (7 of MAX_N), shared by the rows
 SLOTS_AT = READ_AT + 7 * MAX_N                        # each row's in-flight slots (MAX_N per row)
-WORDS = SLOTS_AT + MAX_ROWS * MAX_N
+FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N                  # the FINs the lane took: each one's row and freed slot
+FN_SLOT = FN_ROW + MAX_FINS
+FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2  # one FIN's
+WORDS = FN_FREED + 1
 
 
 @njit(**JIT_CALLEE)
@@ -82,10 +101,15 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
     r = 0
     while r < rows:
         b = _ROWS_AT + r * ROW
+        budget = min(ow[b + RW_FREE], ROUND, n)
+        if budget <= 0:  # a row armed for its FINs only: no free RDY (yet)
+            ow[b + RW_GOT] = 0
+            r += 1
+            continue
         deadline = now + ow[b + RW_TIMEOUT]
         q = READ_AT
         slots = ow[SLOTS_AT + r * MAX_N:SLOTS_AT + (r + 1) * MAX_N]
-        got, end, sent = deliver_round(ctrl, data, data64, ow[b + RW_CH], min(ow[b + RW_BUDGET], n),
+        got, end, sent = deliver_round(ctrl, data, data64, ow[b + RW_CH], budget,
                                        np.int64(MAX_ROUND_BYTES), now, deadline, table_ctl, table_slots,
                                        table_index, ow[OW_TOPIC_INDEX], ow[b + RW_KEY], ow[b + RW_CONN],
                                        ow[q:q + MAX_N], ow[q + MAX_N:q + 2 * MAX_N], ow[q + 2 * MAX_N:q + 3 * MAX_N],
@@ -104,6 +128,55 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
         ow[_ROWS_AT + r * ROW + RW_GOT] = 0
         r += 1
     return True
+
+
+@njit(**JIT_CALLEE)
+def own_fin(counts, out, buf, ow, table_ctl, table_slots, table_index):
+    """A read that is one whole FIN (``FIN <16 lowercase hex digits>\\n``, nothing else) from the consumer of a row
+    that takes FINs: the message freed in the in-flight table, one more free RDY in the row, (row, slot) staged
+    for Python (``OwnPath.fins_done``), the read taken (``counts[1]`` 0). -> False, having changed nothing,
+    otherwise: a FIN that fails (not in flight, not this consumer's) is Python's, which answers it."""
+    if counts[1] != 1 or out[1, 0] != DATA or out[3, 0] != FIN_LINE or ow[OW_FINS] >= MAX_FINS:
+        return False
+    fd, at = out[0, 0], out[2, 0]
+    rows = ow[OW_ROWS]
+    r = 0
+    while r < rows and ow[_ROWS_AT + r * ROW + RW_FD] != fd:
+        r += 1
+    b = _ROWS_AT + r * ROW
+    if r == rows or ow[b + RW_FINS] == 0:
+        return False
+    if buf[at] != 70 or buf[at + 1] != 73 or buf[at + 2] != 78 or buf[at + 3] != 32 or buf[at + FIN_LINE - 1] != 10:
+        return False  # not "FIN ... \n"
+    v = np.uint64(0)
+    for k in range(16):
+        c = buf[at + 4 + k]
+        if 48 <= c <= 57:
+            d = c - 48
+        elif 97 <= c <= 102:
+            d = c - 87
+        else:
+            return False  # not an ID nsqd could have given (Python answers E_FIN_FAILED)
+        v = (v << np.uint64(4)) | np.uint64(d)
+    ids = ow[FN_ID:FN_ID + 1]
+    ids.view(np.uint64)[0] = v
+    if inflight_finish_batch(table_ctl, table_slots, table_index, ow[b + RW_KEY], ids, ow[b + RW_CONN],
+                             ow[FN_STATUS:FN_STATUS + 1], ow[FN_FREED:FN_FREED + 1]) != 1:
+        return False
+    k = ow[OW_FINS]
+    ow[FN_ROW + k] = r
+    ow[FN_SLOT + k] = ow[FN_FREED]
+    ow[OW_FINS] = k + 1
+    ow[b + RW_FREE] += 1
+    counts[1] = 0
+    return True
+
+
+def _takes_fins(ch, s):
+    """Whether the lane may take s's FINs on channel ch: what ``Session.on_data`` asks of a FIN it hands straight
+    to the channel, and no end-to-end latency window (its FINs record into it)."""
+    return ch.e2e is None and s.state == STATE_SUBSCRIBED and s.parser.idle and not s.held and \
+        not s.closing_after_flush and not s._tls_missing
 
 
 def idle_args(words):
@@ -127,6 +200,7 @@ class OwnPath:
         self.armed = None       # the topic armed for the lane's current call, and its rows' (channel, session)
         self.rows = []
         self.published = 0      # messages the kernel published (statistics, tests)
+        self.fins = 0           # FINs the lane took (statistics, tests)
         self._idle = idle_args(self.words)
 
     def hint(self, topic):
@@ -157,7 +231,9 @@ class OwnPath:
         for r, (ch, s, free) in enumerate(rows):
             b = _ROWS_AT + r * ROW
             ow[b + RW_CH], ow[b + RW_KEY], ow[b + RW_CONN], ow[b + RW_FD] = ch.ch, ch.key, s.conn_id, s.fd
-            ow[b + RW_BUDGET], ow[b + RW_TIMEOUT] = free, s.settings.msg_timeout_ms * 1_000_000
+            ow[b + RW_FREE], ow[b + RW_TIMEOUT] = free, s.settings.msg_timeout_ms * 1_000_000
+            ow[b + RW_FINS] = _takes_fins(ch, s)
+        ow[OW_FINS] = 0
         ow[OW_ARMED] = 1
         self.armed = t
         self.rows = [(ch, s) for ch, s, _ in rows]
@@ -166,12 +242,13 @@ class OwnPath:
 
     def _rows(self, t):
         """[(channel, consumer, free RDY)] to arm topic t with, or None when t may not be armed (module
-        docstring)."""
+        docstring): a row per channel whose turn-taking consumer can take a message, then (up to MAX_ROWS in all)
+        one per channel where none can, for the FINs of the consumer whose turn it is (free RDY 0 or less)."""
         w = self.worker
         if t.deleted or t.durable or t.full or w.topics.get(t.name) is not t or w.storage_failing or \
                 w.round_buffer is None:
             return None
-        rows = []
+        rows, fins_only = [], []
         for ch in t.channels.values():
             if not ch.delivering():
                 continue  # nothing to deliver to now: the message waits in the log, as after Topic.append
@@ -186,9 +263,40 @@ class OwnPath:
                     continue
                 if s.settings.sample_rate > 0 or w.direct_fd(s) < 0:
                     return None
-                rows.append((ch, s, min(free, ROUND)))
+                rows.append((ch, s, free))
                 break
-        return rows if len(rows) <= MAX_ROWS else None
+            else:
+                # no consumer can take a message now: the one whose turn it is, for its FINs (each frees RDY)
+                s = ch.consumers[start]
+                if _takes_fins(ch, s) and s.settings.sample_rate == 0 and w.direct_fd(s) >= 0:
+                    fins_only.append((ch, s, s.rdy - s.in_flight))
+        if len(rows) > MAX_ROWS:
+            return None
+        return rows + fins_only[:MAX_ROWS - len(rows)]
+
+    def fins_done(self):
+        """Python's share of the FINs the lane took (``own_fin``), before anything else looks at the sessions:
+        what ``Channel.finish_one`` does after the release. Its timers leave first: the freed slot may be in the
+        round the lane's publish just delivered."""
+        ow, w = self.words, self.worker
+        k = int(ow[OW_FINS])
+        if not k:
+            return
+        ow[OW_FINS] = 0
+        channels = []
+        for r, slot in zip(ow[FN_ROW:FN_ROW + k].tolist(), ow[FN_SLOT:FN_SLOT + k].tolist()):
+            ch, s = self.rows[r]
+            w.timer_leave_one(slot)
+            s.in_flight -= 1
+            s.finish_count += 1
+            if ch not in channels:
+                channels.append(ch)
+        self.fins += k
+        for ch in channels:
+            if ch.has_messages():
+                ch.wants_delivery()
+            else:
+                w.channel_changed(ch)
 
     def done(self, n):
         """The lane's kernel published the n staged messages to the armed topic: Python's share (module

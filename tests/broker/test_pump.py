@@ -9,6 +9,7 @@ import struct
 import threading
 import time
 import types
+import urllib.request
 import zlib
 
 import numpy as np
@@ -22,6 +23,7 @@ from workers.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_
 from workers.pump import (AUTO, MOVE_AFTER, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, lone_mpub_line,
                           lone_pub_line, move_decision)
 from workers.records import owner_of
+from tests.polling import wait_until
 from wire import Conn, consumer, unique
 
 LIMITS = Limits(max_msg_size=64)
@@ -522,6 +524,44 @@ def test_a_pub_reaches_its_consumer_before_its_ok_goes_out(nsqd_factory, pipelin
             assert data, f"message {k}: its OK came first"
             c.frames.extend(c.decoder.feed(data))
             assert c.read_message().body == b"m%d" % k
+
+
+@pytest.mark.parametrize("workers", [1, 2])
+def test_round_trips_fins_and_a_failed_fin_keep_the_counts_nsqd_reports(nsqd_factory, workers):
+    """One message at a time (PUB, receive, FIN) with an unbuffered RDY 1 consumer on the owner, whose FINs the
+    lane takes while the topic is armed (the producer moved there, as in the test below): every message is
+    delivered once, each FIN is counted once, a FIN of an ID no longer in flight still fails as nsqd's does (and
+    leaves the session working), and /stats ends with nothing in flight."""
+    nsqd = nsqd_factory("--producer-placement=owner", workers=workers)
+    topic, n = unique(), 3 * MOVE_AFTER
+    with Conn(nsqd.address) as p, consumer(nsqd.address, topic, "ch", rdy=1, output_buffer_size=-1) as c:
+        last = None
+        for k in range(n):
+            p.publish(topic, b"rt%d" % k)
+            m = c.read_message()
+            assert (m.body, m.attempts) == (b"rt%d" % k, 1)
+            c.send(C.fin(m.id))
+            last = m.id
+        c.send(C.fin(last))  # finished already
+        c.expect_error("E_FIN_FAILED", f"E_FIN_FAILED FIN {last.decode()} failed ID not in flight")
+        p.publish(topic, b"after")
+        m = c.read_message()
+        assert m.body == b"after"
+        c.send(C.fin(m.id))
+        c.expect_no_frame(within=0.3)  # no reply to a good FIN (its sync point comes after it)
+        row = wait_until(lambda: _channel_stats(nsqd, topic, in_flight_count=0, message_count=n + 1),
+                         what="every message finished")
+        assert (row["depth"], row["requeue_count"], row["timeout_count"]) == (0, 0, 0)
+        [client] = row["clients"]
+        assert (client["finish_count"], client["message_count"], client["in_flight_count"]) == (n + 1, n + 1, 0)
+
+
+def _channel_stats(n, topic, **expect):
+    """The channel "ch" of topic in /stats (JSON) when each field of ``expect`` has its value, else None."""
+    url = f"http://{n.http_address[0]}:{n.http_address[1]}/stats?format=json&topic={topic}&channel=ch"
+    with urllib.request.urlopen(url, timeout=30) as r:
+        [ch] = [c for t in json.loads(r.read())["topics"] for c in t["channels"]]
+    return ch if all(ch[k] == v for k, v in expect.items()) else None
 
 
 @pytest.mark.parametrize("workers", [1, 2])

@@ -19,6 +19,7 @@ from ipc.inflight import C_N_LIVE, InFlightTable, inflight_nbytes
 from nsqpy.protocol import client as C
 from nsqpy.protocol.frames import FRAME_MESSAGE, OK_FRAME
 from nsqpy.protocol.ids import IdGenerator
+from nsqpy.protocol.states import STATE_SUBSCRIBED
 from workers.fastlane import LaneRig, serve
 from workers.ownpath import MAX_N, OwnPath
 from workers.suspects import Suspect
@@ -40,6 +41,7 @@ class Worker:
         self.pub_pending = SimpleNamespace(any=lambda: False)
         self.frames = []    # (session, bytes the socket did not take)
         self.changed = []
+        self.left = []      # slots whose timers FINs ended
 
     @staticmethod
     def direct_fd(s):
@@ -51,6 +53,9 @@ class Worker:
 
     def channel_changed(self, ch):
         self.changed.append(ch)
+
+    def timer_leave_one(self, slot):
+        self.left.append(slot)
 
 
 class Topic:
@@ -78,7 +83,11 @@ class Channel:
         self.requeued, self.due = collections.deque(), collections.deque()
         self._rr = 0
         self.started = []
+        self.e2e = None
         topic.channels[name] = self
+
+    def wants_delivery(self):
+        self.topic.worker.pending.add(self)
 
     def _started(self, s, slots, deadline):
         self.started.append((s, slots.tolist(), deadline))
@@ -94,6 +103,14 @@ class Consumer:
         self.settings = SimpleNamespace(msg_timeout_ms=60_000, sample_rate=0)
         self.wbuf = b""
         self.closed = False
+        # what the lane asks of a session whose FINs it takes, and what the pump reads (its socket may be in it)
+        self.state, self.parser = STATE_SUBSCRIBED, SimpleNamespace(idle=True)
+        self.held = self.closing_after_flush = self._tls_missing = False
+        self.finish_count = 0
+        self.pub_counts, self.moved_in, self.data = {}, False, []
+
+    def on_data(self, data):
+        self.data.append(data)
 
     def ready_for_more(self):
         return self.in_flight < self.rdy
@@ -126,10 +143,13 @@ def own():
         def producer():
             return add_client(rig.pump, socks)[1]
 
-        def consumer(channel, conn_id, rdy):
+        def consumer(channel, conn_id, rdy, reads=False):
+            """A consumer of channel; with reads, its socket is in the pump (its FINs reach the lane)."""
             c = Consumer(conn_id, rdy)
             socks.append(c)
             channel.consumers.append(c)
+            if reads:
+                rig.pump.add(c, time.monotonic())
             return c
 
         yield SimpleNamespace(rig=rig, worker=worker, topic=topic, log=log, lane=rig.lane, path=rig.lane.own,
@@ -312,3 +332,68 @@ def test_data_for_python_in_the_same_read_still_reaches_its_session(own):
     finally:
         other.sock.close()
         other_there.close()
+
+
+def _fin(msg_id):
+    return b"FIN %016x\n" % msg_id
+
+
+def _one_in_flight(own):
+    """A round-trip consumer (RDY 1, its socket in the pump) holding the one message a producer published in the
+    lane -> (channel, consumer, the producer's socket, the message's ID)."""
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=1, reads=True)
+    there = own.producer()
+    there.sendall(C.pub("ours", b"one"))
+    assert own.lane.poll(30.0) == [] and own.path.published == 1
+    _, msg_id, _ = c.message()
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    return ch, c, there, msg_id
+
+
+def test_a_consumers_fin_is_taken_in_the_lane_and_frees_its_rdy(own):
+    """A round-trip consumer (RDY 1): its FIN frees the message in the lane, and Python applies the rest after."""
+    ch, c, _, msg_id = _one_in_flight(own)
+    [(_, [slot], _)] = ch.started
+    c.peer.sendall(_fin(msg_id))
+    assert own.lane.poll(30.0) == []  # took the FIN, then waited on for SLICE (nothing else came)
+    assert own.path.fins == 1 and c.data == []  # not Python's
+    assert own.worker.inflight.ctl[C_N_LIVE] == 0 and own.worker.left == [slot]
+    assert (c.in_flight, c.finish_count) == (0, 1) and own.worker.changed[-1] is ch
+
+
+def test_a_fin_beside_a_pub_frees_the_rdy_that_pub_then_takes(own):
+    ch, c, there, first = _one_in_flight(own)
+    c.peer.sendall(_fin(first))
+    there.sendall(C.pub("ours", b"two"))
+    deadline = time.monotonic() + 30
+    while own.path.published < 2 and time.monotonic() < deadline:  # one read, or the FIN's and then the PUB's
+        own.lane.poll(30.0)
+    assert (own.path.published, own.path.fins) == (2, 1) and c.data == []
+    assert c.message()[2] == b"two"
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    assert c.in_flight == 1 and c.finish_count == 1 and own.worker.inflight.ctl[C_N_LIVE] == 1
+    assert len(ch.started) == 2 and own.worker.left == [ch.started[0][1][0]]
+
+
+@pytest.mark.parametrize("why", ["unknown id", "another consumer's", "not lowercase hex", "crlf", "parser busy",
+                                 "e2e"])
+def test_a_fin_the_lane_must_not_take_reaches_python_untouched(own, why):
+    ch, c, _, msg_id = _one_in_flight(own)
+    line = _fin(msg_id)
+    if why == "unknown id":
+        line = _fin(msg_id + 1)
+    elif why == "another consumer's":
+        c.conn_id = 10
+    elif why == "not lowercase hex":
+        line = line[:4] + b"F" + line[5:]  # nsqd's IDs are lowercase: it fails such a FIN
+    elif why == "crlf":
+        line = line[:-1] + b"\r\n"
+    elif why == "parser busy":
+        c.parser.idle = False
+    else:
+        ch.e2e = object()
+    c.peer.sendall(line)
+    assert own.lane.poll(30.0) == []
+    assert c.data == [line] and own.path.fins == 0
+    assert own.worker.inflight.ctl[C_N_LIVE] == 1 and c.in_flight == 1 and own.worker.left == []
