@@ -317,6 +317,11 @@ class Channel:
         table.release(slot)
         if self.e2e is not None:
             self.e2e.record(self.topic.log, table.slots, np.array([slot], np.int64))
+        self.finished_one(s, slot)
+
+    def finished_one(self, s, slot):
+        """s's message in ``slot`` was finished (released in the in-flight table, here or in the lane's own path):
+        its round's timer, the counts, and the channel's next delivery or its change mark."""
         w = self.worker
         w.timer_leave_one(slot)
         s.in_flight -= 1

@@ -86,6 +86,12 @@ def _put_le64(data, at, v):
         data[at + k] = (v >> (8 * k)) & 0xFF
 
 
+@njit(inline="always", **JIT_CALLEE)
+def _sliced(stop_at, now, slice_s):
+    """The lane's stop time once its first forward or FIN is done: at most SLICE from now (R_TIMEOUT)."""
+    return now + slice_s if stop_at < 0 or now + slice_s < stop_at else stop_at
+
+
 @njit(**JIT_CALLEE)
 def _one_message_commands(st, n):
     """Whether each of the n staged messages came alone in its command (a PUB, or an MPUB of one)."""
@@ -162,9 +168,7 @@ def serve(main_ep, events, until, slice_s, me, large, res,
                 res[RES_CODE] = R_TIMEOUT  # Python's share of them is due
                 break
             if own[OW_FINS] == 1:
-                now = S.monotonic()
-                if stop_at < 0 or now + slice_s < stop_at:
-                    stop_at = now + slice_s
+                stop_at = _sliced(stop_at, S.monotonic(), slice_s)
             continue
         if staged == 0 or counts[2]:
             res[RES_CODE] = R_READ
@@ -197,8 +201,8 @@ def serve(main_ep, events, until, slice_s, me, large, res,
             res[RES_CODE] = R_OWN if mine else R_SETTLED
             res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
             break
-        if forwards == 1 and (stop_at < 0 or now + slice_s < stop_at):  # (a FIN's: above)
-            stop_at = now + slice_s
+        if forwards == 1:
+            stop_at = _sliced(stop_at, now, slice_s)
     res[RES_FORWARDS] = forwards
 
 

@@ -51,16 +51,16 @@ from ipc.numba_cache import JIT_CALLEE
 from ipc import sysio as S
 from ipc.inflight import inflight_finish_batch
 from ipc.msglog_kernels import append_batch
-from nsqpy.protocol.kernels import snowflake_fill
+from nsqpy.protocol.kernels import hex_value, snowflake_fill
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from workers.channel import MAX_ROUND_BYTES, ROUND
 from workers.kernels import deliver_round
 from workers.pump import DATA, ST_LEN, ST_OFF
+from workers.session import FIN_LINE  # the one form of FIN the lane takes, as Session.on_data
 
 MAX_ROWS = 4     # channels one armed topic may deliver to in the kernel
 MAX_N = 16       # messages (PUBs, MPUBs) one read may stage for the kernel to take
 MAX_FINS = 64    # FINs the lane may take before Python applies them
-FIN_LINE = 21    # "FIN " + 16 hex digits + "\n": the one form the lane takes (workers/session.py FIN_LINE)
 OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE, OW_FINS = range(9)
 HEAD = 9
 # a row: its channel and consumer; RW_FREE is the consumer's free RDY (rdy - in flight: 0 or less for a row armed
@@ -150,12 +150,8 @@ def own_fin(counts, out, buf, ow, table_ctl, table_slots, table_index):
         return False  # not "FIN ... \n"
     v = np.uint64(0)
     for k in range(16):
-        c = buf[at + 4 + k]
-        if 48 <= c <= 57:
-            d = c - 48
-        elif 97 <= c <= 102:
-            d = c - 87
-        else:
+        d = hex_value(buf[at + 4 + k])
+        if d < 0:
             return False  # not an ID nsqd could have given (Python answers E_FIN_FAILED)
         v = (v << np.uint64(4)) | np.uint64(d)
     ids = ow[FN_ID:FN_ID + 1]
@@ -276,27 +272,17 @@ class OwnPath:
 
     def fins_done(self):
         """Python's share of the FINs the lane took (``own_fin``), before anything else looks at the sessions:
-        what ``Channel.finish_one`` does after the release. Its timers leave first: the freed slot may be in the
-        round the lane's publish just delivered."""
-        ow, w = self.words, self.worker
+        what ``Channel.finish_one`` does after the release (``Channel.finished_one``). Their timers leave first:
+        a freed slot may be in the round the lane's publish just delivered."""
+        ow = self.words
         k = int(ow[OW_FINS])
         if not k:
             return
         ow[OW_FINS] = 0
-        channels = []
         for r, slot in zip(ow[FN_ROW:FN_ROW + k].tolist(), ow[FN_SLOT:FN_SLOT + k].tolist()):
             ch, s = self.rows[r]
-            w.timer_leave_one(slot)
-            s.in_flight -= 1
-            s.finish_count += 1
-            if ch not in channels:
-                channels.append(ch)
+            ch.finished_one(s, slot)
         self.fins += k
-        for ch in channels:
-            if ch.has_messages():
-                ch.wants_delivery()
-            else:
-                w.channel_changed(ch)
 
     def done(self, n):
         """The lane's kernel published the n staged messages to the armed topic: Python's share (module

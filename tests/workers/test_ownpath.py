@@ -73,9 +73,10 @@ class Topic:
 class Channel:
     delivering = workers.channel.Channel.delivering  # the real checks, on the fake's fields
     has_messages = workers.channel.Channel.has_messages
+    finished_one = workers.channel.Channel.finished_one
 
     def __init__(self, topic, name, key):
-        self.topic, self.name, self.key = topic, name, key
+        self.topic, self.name, self.key, self.worker = topic, name, key, topic.worker
         self.ch = topic.log.open_channel()
         topic.log.advance(self.ch, topic.log.head)  # what the fixture appended is behind it
         self.consumers = []
