@@ -2,22 +2,26 @@
 
 Theory of operation
 -------------------
-numba keys a cached kernel on its own source file's path and mtime only, so editing ``ipc/atomics.py`` would leave
+numba keys a cached kernel on its own source file's path and content only, so editing ``ipc/atomics.py`` would leave
 a stale ``ring.py`` kernel (which inlines the atomics) in the cache, and numba fails when the package directory is
 read-only (a system install). So every kernel module of ours imports ``ipc`` first, whose ``__init__`` calls
 ``configure()``: it points ``NUMBA_CACHE_DIR`` at
 
-    $XDG_CACHE_HOME/nsqpy/<nsqpy version>-py<major.minor>-numba<version>-<hash of our kernel sources>
+    $XDG_CACHE_HOME/nsqpy/<nsqpy version>-py<major.minor>-numba<version>-<hash of our sources>
 
-(``~/.cache`` when XDG_CACHE_HOME is unset). The hash covers every ``*.py`` file that mentions numba under the
-source roots (``ipc/`` and its siblings ``nsqpy/`` and ``workers/``), so any kernel edit starts a fresh directory
-instead of reusing stale code, and the directory the code lives in: numba files each kernel under its source
-file's full path, so a second checkout or virtualenv of the same version finds nothing of the first one's in a
-shared directory, and ``workers/warmup.py``'s "warm-up done" mark there would make its first start compile every
-kernel serially, without the line that says so. If that directory cannot be created or written, a per-user
-directory under the system temp dir is tried; if that fails too, ``CACHE_ENABLED`` is False and ``CACHE_DIR``
-None: kernels written as ``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while ``cache=True``
-kernels keep working through the temp-dir fallback, which only a machine without any writable directory lacks.
+(``~/.cache`` when XDG_CACHE_HOME is unset). The hash covers every ``*.py`` file under the source roots (``ipc/``
+and its siblings ``nsqpy/`` and ``workers/``), so any edit there starts a fresh directory instead of reusing stale
+code. Not only the kernels' own files: numba freezes the value of every global a kernel reads into its machine
+code, and keys a cached kernel on its own file's content only, so a constant a kernel imports from a module
+without kernels (``workers.session.FIN_LINE``, ``nsqpy.protocol.states``) would otherwise stay at its old value
+in every cached kernel that uses it. It also covers the directory the code lives in: numba files each kernel
+under its source file's full path, so a second checkout or virtualenv of the same version finds nothing of the
+first one's in a shared directory, and ``workers/warmup.py``'s "warm-up done" mark there would make its first
+start compile every kernel serially, without the line that says so. If that directory cannot be created or
+written, a per-user directory under the system temp dir is tried; if that fails too, ``CACHE_ENABLED`` is False
+and ``CACHE_DIR`` None: kernels written as ``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while
+``cache=True`` kernels keep working through the temp-dir fallback, which only a machine without any writable
+directory lacks.
 
 An explicit ``NUMBA_CACHE_DIR`` in the environment wins (an operator's choice); this is the one place below an
 entry point that reads the environment, because numba itself reads it at import time.
@@ -61,8 +65,7 @@ def _sources_hash(roots) -> str:
                 text = path.read_bytes()
             except OSError:
                 continue
-            if b"numba" in text:
-                digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + text + b"\0")
+            digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + text + b"\0")
     return digest.hexdigest()
 
 

@@ -60,13 +60,17 @@ def _tree(base, kernel_text):
     return [base / "ipc", base / "workers"]
 
 
-def test_the_directory_changes_with_a_kernel_edit_and_with_the_code_location(tmp_path):
+def test_the_directory_changes_with_any_source_edit_and_with_the_code_location(tmp_path):
     from ipc.numba_cache import _sources_hash, source_roots
     assert {p.name for p in source_roots()} == {"ipc", "nsqpy", "workers"}
     a = _sources_hash(_tree(tmp_path / "a", "import numba\nK = 1\n"))
     assert a == _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"])  # stable for one tree
     (tmp_path / "a" / "workers" / "pump.py").write_text("import numba\nK = 2\n")
     assert _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"]) != a  # a kernel edit in workers/
+    # a constant in a module without kernels: a kernel that imports it has its old value frozen in its machine code
+    k = _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"])
+    (tmp_path / "a" / "workers" / "session.py").write_text("FIN_LINE = 21\n")
+    assert _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"]) != k
     # the same sources elsewhere (another checkout or venv): numba's entries there are keyed by their own paths
     b = _sources_hash(_tree(tmp_path / "b", "import numba\nK = 1\n"))
     assert b != a
