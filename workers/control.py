@@ -6,7 +6,9 @@ Layout (int64 words after the common header line, one LINE per process so writer
     line 1          scanner: epoch (bumped by every scanner start), restarts seen by the supervisor
     line 2 + w      worker w: connections it serves (written by worker w, read by the acceptor), restarts, then
                     its suspect words (what it is doing, for its replacement: workers/suspects.py), then its
-                    quiesced flag (shutdown: it takes no more publishes, see Worker.stop) and the time of its
+                    flags (quiesced: at shutdown it takes no more publishes, see Worker.stop; busy: it used
+                    more than its busy share of a core over its last load period, so auto placement moves no
+                    producer to it, see Worker.move_producer) and the time of its
                     last failure to store messages (nsqpy/broker/health.py), then the producers other workers
                     moved to it (--producer-placement=auto; the one word with several writers: a sender adds one
                     when it hands a producer over, worker w subtracts one when such a session leaves, both with
@@ -28,7 +30,9 @@ MAGIC = magic("NSQCTRL1")
 VERSION = 2
 SCANNER_EPOCH, SCANNER_RESTARTS = LINE_WORDS, LINE_WORDS + 1
 W_CONNS, W_RESTARTS = 0, 1
-W_QUIESCED = 13         # after workers/suspects.py's words: 1 once the worker stopped taking publishes (shutdown)
+W_FLAGS = 13            # after workers/suspects.py's words: F_* bits, written by the worker only
+F_QUIESCED = 1          # it stopped taking publishes (shutdown)
+F_BUSY = 2              # over its busy share of a core in its last load period (auto placement)
 W_STORAGE_FAILED = 14   # ns time of the worker's last failure to store (0: its last store worked): /ping's health
 W_MOVED_IN = 15         # round-trip producers moved to this worker as their topics' owner (auto placement)
 FULL_SLOTS = 256
@@ -78,11 +82,26 @@ class Control:
         """Producers moved to worker w because it owns their topics (it counts them; others read)."""
         return int(py_load_acquire(self.w, self._worker(w, W_MOVED_IN)))
 
+    def clear_flags(self, w):
+        """A worker (or its replacement) starting: neither quiesced nor busy."""
+        py_store_release(self.w, self._worker(w, W_FLAGS), 0)
+
+    def _set_flag(self, w, bit, on):
+        i = self._worker(w, W_FLAGS)  # only worker w writes its flags: a load and a store do
+        v = int(py_load_acquire(self.w, i))
+        py_store_release(self.w, i, v | bit if on else v & ~bit)
+
     def set_quiesced(self, w, flag):
-        py_store_release(self.w, self._worker(w, W_QUIESCED), int(flag))
+        self._set_flag(w, F_QUIESCED, flag)
 
     def quiesced(self, w):
-        return bool(py_load_acquire(self.w, self._worker(w, W_QUIESCED)))
+        return bool(py_load_acquire(self.w, self._worker(w, W_FLAGS)) & F_QUIESCED)
+
+    def set_busy(self, w, flag):
+        self._set_flag(w, F_BUSY, flag)
+
+    def busy(self, w):
+        return bool(py_load_acquire(self.w, self._worker(w, W_FLAGS)) & F_BUSY)
 
     def set_storage_failed(self, w, when_ns):
         py_store_release(self.w, self._worker(w, W_STORAGE_FAILED), when_ns)

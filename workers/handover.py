@@ -106,15 +106,16 @@ class Connections:
     def move_producer(self, s, owner):
         """The pump saw this producer's last lone PUBs all go to topics of worker ``owner`` (slowly, with auto
         placement): hand it there, so its PUBs are appended where they arrive instead of crossing a ring. owner
-        -1: this worker owns its topics and it was moved here, but publishes fast now: hand it to the least
-        loaded other worker, so busy producers spread (see ARCHITECTURE.md, "Single PUB: cost model")."""
+        -1: this worker owns its topics and it was moved here, but publishes fast now (or this worker is busy and
+        serves other producers moved in): hand it to the least loaded other worker, so busy producers spread (see
+        ARCHITECTURE.md, "Single PUB: cost model")."""
         if s.closed or s.closing_after_flush or s.channel is not None or not s.parser.idle or not s.reading \
                 or s.held:  # a publish of it waits for room in a ring: its OK must come from here
             return
         to_owner = owner >= 0
         if not to_owner:
             owner = self.control.least_loaded(besides=self.index)
-        elif self.placement == AUTO and not (self._owner_naps.idle[owner]
+        elif self.placement == AUTO and not (self._owner_naps.idle[owner] and not self.control.busy(owner)
                                              and self.control.moved_in(owner) < MOVE_IN_CAP):
             return  # the owner is busy or has its share of moved producers: stay (the pump asks again later)
         if to_owner:

@@ -27,11 +27,14 @@ numba, with libc called directly (``ipc.sysio``):
   one-message commands all went to one other worker there (``Worker.move_producer``, the SUB hand-over).
   ``auto`` (the default) hands it there only when those MOVE_AFTER came slowly (at most ``move_in_rate`` a
   second: it adds little to the owner, and saves each message a process hop); Python then also checks that the
-  owner was asleep for most forwards and is under its cap of moved producers. On the owner, a producer moved
-  in whose MOVE_AFTER one-message commands to the owner's topics came faster than ``move_out_rate`` a second
-  is listed to move out again (to the least loaded other worker): busy producers spread. So is every producer
-  moved in, at the end of its window, while the owner is busy (``set_load``: it used more than
-  ``busy_share`` of a core over the last period). Cost model in ARCHITECTURE.md.
+  owner was asleep for most forwards, is not busy and is under its cap of moved producers. On the owner, a
+  producer moved in whose MOVE_AFTER one-message commands to the owner's topics came faster than
+  ``move_out_rate`` a second is listed to move out again (to the least loaded other worker): busy producers
+  spread. So is every producer moved in but the last, at the end of its window, while the owner is busy
+  (``set_load``: it used more than ``busy_share`` of a core over the last period; the worker publishes that in
+  the control block, and no producer moves in while it holds). Without both rules, a round-trip producer that
+  alone kept its owner over the busy share was moved out and back every window (~100 hand-overs a second).
+  Cost model in ARCHITECTURE.md.
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
 leaves, so an OK staged for a connection that closed, maybe with its fd reused, is never sent), ``clean``,
@@ -64,9 +67,11 @@ MAX_STAGED = 8192           # messages one read call may stage (an MPUB that wou
 MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
 SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
 PLACEMENTS = {"spread": SPREAD, "owner": OWNER, "auto": AUTO}
-RATE_IN, RATE_OUT, OWNER_BUSY = 0, 1, 2   # auto: a producer moves to its topics' owner at most rates[RATE_IN]
-                            # one-message commands a second, and out again faster than rates[RATE_OUT], or at any
-                            # rate while rates[OWNER_BUSY] is 1 (the owner used over busy_share of a core)
+RATE_IN, RATE_OUT, OWNER_BUSY, MOVED_HERE = 0, 1, 2, 3  # auto: a producer moves to its topics' owner at most
+                            # rates[RATE_IN] one-message commands a second, and out again faster than
+                            # rates[RATE_OUT], or at any rate while rates[OWNER_BUSY] is 1 (the owner used over
+                            # busy_share of a core) and it is not the last of the rates[MOVED_HERE] producers
+                            # moved in that this worker serves
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
 DATA, CLOSED = 1, 2
@@ -274,8 +279,9 @@ def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_
             streak[fd] = 0
             return False
         took = _streak(fd, me, now, streak, streak_owner, streak_t0)
-        # faster than that, or this worker is busy: spread again
-        return took >= 0 and (rates[OWNER_BUSY] > 0 or took * rates[RATE_OUT] < MOVE_AFTER)
+        # faster than that, or this worker is busy and has others moved in: spread again (the last one stays: moving
+        # it out would make its own round trips a hop longer, and the owner's load falls and takes it back)
+        return took >= 0 and ((rates[OWNER_BUSY] > 0 and rates[MOVED_HERE] > 1) or took * rates[RATE_OUT] < MOVE_AFTER)
     if mode == SPREAD:
         return False
     took = _streak(fd, owner, now, streak, streak_owner, streak_t0)
@@ -342,7 +348,7 @@ class Pump:
         self.max_body = max_body_size
         self.me = me
         self.mode = mode  # --producer-placement: SPREAD, OWNER or AUTO
-        self.rates = np.array((*rates, 0), np.float64)  # AUTO's move-in and move-out rates, and OWNER_BUSY
+        self.rates = np.array((*rates, 0, 0), np.float64)  # AUTO's move-in and move-out rates, OWNER_BUSY, MOVED_HERE
         self.busy_share = busy_share
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
@@ -394,6 +400,7 @@ class Pump:
         self.streak[fd] = 0
         self.streak_owner[fd] = -1
         self.moved_in[fd] = 1 if session.moved_in else 0
+        self.rates[MOVED_HERE] += self.moved_in[fd]
         self.sessions[fd] = session
         self.ep.register(fd, select.EPOLLIN)
 
@@ -404,6 +411,8 @@ class Pump:
         self.settle(session)
         del self.sessions[fd]
         self.gen[fd] += 1
+        self.rates[MOVED_HERE] -= self.moved_in[fd]
+        self.moved_in[fd] = 0
         self.pause(fd)
 
     def pause(self, fd):
@@ -427,8 +436,11 @@ class Pump:
 
     def set_load(self, cpu_s, wall_s):
         """This worker used cpu_s of CPU in the last wall_s seconds: above busy_share of a core, the producers
-        moved here (auto) move out at the end of their current window."""
-        self.rates[OWNER_BUSY] = 1.0 if cpu_s > self.busy_share * wall_s else 0.0
+        moved here (auto) move out at the end of their current window, all but the last. -> whether it was busy
+        (the worker publishes it: no producer moves in while it is)."""
+        busy = cpu_s > self.busy_share * wall_s
+        self.rates[OWNER_BUSY] = 1.0 if busy else 0.0
+        return busy
 
     def settle(self, session):
         """Fold the session's tally of lone PUBs into its pub_counts."""

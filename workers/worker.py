@@ -48,7 +48,7 @@ from workers.handover import Connections, OwnerNaps
 from workers.loop import Loop
 from workers.ownpath import OwnPath
 from workers.persistence import Persistence
-from workers.pump import PLACEMENTS, Pump
+from workers.pump import AUTO, PLACEMENTS, Pump
 from workers.reclaim import Reclaim
 from workers.registry import Registry
 from workers.recovery import Recovery
@@ -165,7 +165,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.stats = StatsPublisher(self, plan.stats_board)  # the stats plane: workers/stats.py
         self._init_durability()
         self.saved = False              # stop() wrote every unfinished message to disk (workers/persistence.py)
-        self.control.set_quiesced(index, False)
+        self.control.clear_flags(index)  # neither quiesced nor busy
         self.storage_failing = False
         self.control.set_storage_failed(index, 0)
         if restarted:
@@ -258,9 +258,19 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         touched, self.touched = self.touched, set()
         self.refresh_low_water([t for t in touched if not t.deleted])
         cpu, now = time.process_time(), time.monotonic()
-        self.pump.set_load(cpu - self._load_mark[0], now - self._load_mark[1])  # (auto placement: busy owner?)
+        self._publish_load(cpu - self._load_mark[0], now - self._load_mark[1])
         self._load_mark = (cpu, now)
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
+
+    def _publish_load(self, cpu_s, wall_s):
+        """Auto placement: over its busy share of a core, this worker moves out the producers moved in but the
+        last (the pump's rule), and the others move none in (the control block's flag; workers/pump.py)."""
+        busy = self.pump.set_load(cpu_s, wall_s)
+        if busy != self.control.busy(self.index):
+            self.control.set_busy(self.index, busy)
+            if self.placement == AUTO:
+                self.log.debug(f"worker {self.index}: {'busy' if busy else 'no longer busy'} "
+                               f"({100 * cpu_s / max(wall_s, 1e-9):.0f}% of a core over the last {wall_s:.1f} s)")
 
     # ---- delivery and flushing -------------------------------------------------------------------------
     def write_frames(self, s, log, positions, attempts):

@@ -233,11 +233,12 @@ class NsqdOptions(DaemonOptions):
                                      "it moves there (least CPU per message, but that worker alone does the "
                                      "socket calls of all its producers). auto: as spread, but a producer whose "
                                      "last 64 went to one other worker at most --producer-move-in-rate a second "
-                                     "moves there while that worker is mostly idle and has fewer than 4 "
-                                     "producers moved to it (its messages skip a process hop: lower latency), "
-                                     "and moves out again above --producer-move-out-rate, or at any rate while "
-                                     "that worker is busy (--producer-busy-percent). Measurements and the cost "
-                                     "model: ARCHITECTURE.md", nsqpy_only=True)
+                                     "moves there while that worker is mostly idle, not busy "
+                                     "(--producer-busy-percent) and has fewer than 4 producers moved to it (its "
+                                     "messages skip a process hop: lower latency), and moves out again above "
+                                     "--producer-move-out-rate, or at any rate while that worker is busy and "
+                                     "serves others moved there. Measurements and the cost model: "
+                                     "ARCHITECTURE.md", nsqpy_only=True)
     producer_move_in_rate: int = option(Int(1, 1 << 30), 20000, "nsqpy only: with --producer-placement=auto, the "
                                         "most one-message commands a second at which a producer moves to its "
                                         "topics' owner", nsqpy_only=True)
@@ -245,12 +246,12 @@ class NsqdOptions(DaemonOptions):
                                          "producer moved to its topics' owner moves to the least loaded other "
                                          "worker above this many one-message commands a second (more than "
                                          "--producer-move-in-rate)", nsqpy_only=True)
-    producer_busy_percent: int = option(Int(0, 100), 80, "nsqpy only: with --producer-placement=auto, producers "
-                                        "moved to their topics' owner move to the least loaded other worker, "
-                                        "however slow, while the owner's process used more than this share of "
-                                        "a core (CPU time over wall time) in the last second. With more workers "
-                                        "than cores a worker may never reach 80: set it lower there",
-                                        nsqpy_only=True)
+    producer_busy_percent: int = option(Int(0, 100), 80, "nsqpy only: with --producer-placement=auto, while a "
+                                        "topic owner's process used more than this share of a core (CPU time "
+                                        "over wall time) in the last second, no producer moves to it, and those "
+                                        "moved there move to the least loaded other worker, however slow, all "
+                                        "but the last. With more workers than cores a worker may never reach "
+                                        "80: set it lower there", nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.

@@ -8,6 +8,7 @@ import re
 import struct
 import threading
 import time
+import socket
 import types
 import urllib.request
 import zlib
@@ -20,7 +21,7 @@ from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
 from workers.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
-from workers.pump import (AUTO, MOVE_AFTER, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, lone_mpub_line,
+from workers.pump import (AUTO, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, lone_mpub_line,
                           lone_pub_line, move_decision)
 from workers.records import owner_of
 from tests.polling import wait_until
@@ -279,13 +280,14 @@ def test_a_full_topic_does_not_hold_up_other_topics(nsqd_factory):
         c.expect_no_frame(within=0.3)
 
 
-def asks_to_move(mode, owner, times, me=0, moved_in=False, rates=(2000, 5000), busy=False):
+def asks_to_move(mode, owner, times, me=0, moved_in=False, rates=(2000, 5000), busy=False, moved_here=2):
     """move_decision for one producer (fd 3) whose one-message commands went to topics of worker ``owner`` at
-    ``times`` (seconds), this worker busy or not: the indices of the commands after which it asked to move."""
+    ``times`` (seconds), this worker busy or not, serving ``moved_here`` producers moved in: the indices of the
+    commands after which it asked to move."""
     streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
     streak_t0, moved = np.zeros(8), np.zeros(8, np.uint8)
     moved[3] = moved_in
-    r = np.array((*rates, 1 if busy else 0), np.float64)
+    r = np.array((*rates, 1 if busy else 0, moved_here), np.float64)
     return [i for i, now in enumerate(times)
             if move_decision(3, owner, me, mode, r, now, streak, streak_owner, streak_t0, moved)]
 
@@ -310,10 +312,15 @@ def test_placement_decisions_by_mode_and_rate():
     assert asks_to_move(OWNER, 0, FAST, moved_in=True) == []  # owner placement keeps them
 
 
-def test_a_busy_owner_moves_out_the_producers_moved_in_however_slow():
+def test_a_busy_owner_moves_out_the_producers_moved_in_however_slow_but_the_last():
     """While the owner uses more than its busy share of a core, each producer moved in asks to move out at
-    the end of its window; a busy worker does not move producers it accepted, nor stops others moving in."""
+    the end of its window while others moved in are there too; the last one stays, unless it publishes fast (its
+    own round trips would take a hop more, and once it left the owner was no longer busy and took it back: a
+    round-trip producer moved out and in every window). A busy worker does not move producers it accepted, and
+    it is Python's check that keeps others from moving in (``Connections.move_producer``)."""
     assert asks_to_move(AUTO, 0, SLOW, moved_in=True, busy=True) == EVERY_WINDOW
+    assert asks_to_move(AUTO, 0, SLOW, moved_in=True, busy=True, moved_here=1) == []
+    assert asks_to_move(AUTO, 0, FAST, moved_in=True, busy=True, moved_here=1) == EVERY_WINDOW
     assert asks_to_move(AUTO, 0, SLOW, busy=True) == []
     assert asks_to_move(OWNER, 0, SLOW, moved_in=True, busy=True) == []
     assert asks_to_move(AUTO, 1, SLOW, busy=True) == EVERY_WINDOW  # (the owner's naps are Python's check)
@@ -322,15 +329,38 @@ def test_a_busy_owner_moves_out_the_producers_moved_in_however_slow():
     assert p.rates[OWNER_BUSY] == 0
     p.set_load(0.81, 1.0)
     assert p.rates[OWNER_BUSY] == 1
-    p.set_load(0.5, 1.0)
+    assert p.set_load(0.5, 1.0) is False
     assert p.rates[OWNER_BUSY] == 0
     p.close()
+
+
+def test_the_pump_counts_the_producers_moved_in_that_it_serves():
+    """rates[MOVED_HERE]: up when a session moved in joins, down when it leaves (its fd may come back as another
+    session's, not moved in)."""
+    p = Pump(1 << 20, 0, AUTO)
+    pairs = [socket.socketpair() for _ in range(3)]
+    try:
+        sessions = [types.SimpleNamespace(fd=a.fileno(), wbuf=b"", moved_in=m, pub_counts={})
+                    for (a, _), m in zip(pairs, (True, True, False))]
+        for s in sessions:
+            p.add(s, 0.0)
+        assert p.rates[MOVED_HERE] == 2
+        p.remove(sessions[0])
+        p.remove(sessions[2])
+        assert p.rates[MOVED_HERE] == 1
+        p.add(types.SimpleNamespace(fd=sessions[0].fd, wbuf=b"", moved_in=False, pub_counts={}), 0.0)
+        assert p.rates[MOVED_HERE] == 1 and p.moved_in[sessions[0].fd] == 0
+    finally:
+        p.close()
+        for a, b in pairs:
+            a.close()
+            b.close()
 
 
 def test_a_streak_counts_one_other_worker_and_each_window_is_timed_alone():
     """Commands to a second worker's topics restart the streak; after a fast window a slow one still moves."""
     streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
-    streak_t0, moved, rates = np.zeros(8), np.zeros(8, np.uint8), np.array([2000.0, 5000.0, 0.0])
+    streak_t0, moved, rates = np.zeros(8), np.zeros(8, np.uint8), np.array([2000.0, 5000.0, 0.0, 0.0])
     asked = []
     for i in range(MOVE_AFTER - 1):  # slow, but then one to worker 2
         asked.append(move_decision(3, 1, 0, AUTO, rates, i * 0.001, streak, streak_owner, streak_t0, moved))
@@ -354,11 +384,15 @@ def test_owner_naps_judge_each_full_window_of_forwards():
 
 
 class _Control:
-    def __init__(self, moved_in):
+    def __init__(self, moved_in, busy=False):
         self._moved_in = moved_in
+        self._busy = busy
 
     def moved_in(self, w):
         return self._moved_in
+
+    def busy(self, w):
+        return self._busy
 
     def add_moved_in(self, w, delta):
         self._moved_in += delta
@@ -372,8 +406,8 @@ class _Mover:
     move_producer = Connections.move_producer
     _lost_hand_over = Connections._lost_hand_over
 
-    def __init__(self, placement, idle=True, moved_in=0, fail=False):
-        self.index, self.placement, self.control = 0, placement, _Control(moved_in)
+    def __init__(self, placement, idle=True, moved_in=0, fail=False, busy=False):
+        self.index, self.placement, self.control = 0, placement, _Control(moved_in, busy)
         self._owner_naps = OwnerNaps(3)
         self._owner_naps.idle[1] = idle
         self.fail = fail
@@ -392,15 +426,16 @@ def _producer(**state):
     return types.SimpleNamespace(**{**fields, **state})
 
 
-@pytest.mark.parametrize("placement,idle,moved_in,handed", [
-    (AUTO, True, 0, [(1, True)]),
-    (AUTO, False, 0, []),                    # the owner was awake for most forwards: busy, stay
-    (AUTO, True, MOVE_IN_CAP, []),           # it has its share of moved producers
-    (AUTO, True, MOVE_IN_CAP - 1, [(1, True)]),
-    (OWNER, False, MOVE_IN_CAP, [(1, True)]),  # owner placement: always
+@pytest.mark.parametrize("placement,idle,moved_in,busy,handed", [
+    (AUTO, True, 0, False, [(1, True)]),
+    (AUTO, False, 0, False, []),                    # the owner was awake for most forwards: busy, stay
+    (AUTO, True, 0, True, []),                      # asleep between forwards, but over its busy share of a core
+    (AUTO, True, MOVE_IN_CAP, False, []),           # it has its share of moved producers
+    (AUTO, True, MOVE_IN_CAP - 1, False, [(1, True)]),
+    (OWNER, False, MOVE_IN_CAP, True, [(1, True)]),  # owner placement: always
 ])
-def test_move_in_needs_an_idle_owner_under_its_cap(placement, idle, moved_in, handed):
-    w = _Mover(placement, idle, moved_in)
+def test_move_in_needs_an_idle_owner_under_its_cap(placement, idle, moved_in, busy, handed):
+    w = _Mover(placement, idle, moved_in, busy=busy)
     w.move_producer(_producer(), 1)
     assert w.handed == handed
 
@@ -438,64 +473,85 @@ def test_move_out_goes_to_the_least_loaded_other_worker_and_busy_sessions_stay()
     assert w.handed == [(2, False)]
 
 
-MOVE_OUT = {  # why the owner hands a producer moved in to another worker: flags, and the gap between its PUBs
-    "fast": (["--producer-move-out-rate=400"], 0),                                  # it speeds up
-    "busy": (["--producer-move-out-rate=100000", "--producer-busy-percent=0"], 0.01),  # the owner is "busy"
-}
+class _Producers:
+    """``n`` round-trip producers of one topic, each publishing "<i>:<k>" (k counting up) with threads, in
+    phases."""
 
+    def __init__(self, nsqd, topic, n=4):
+        self.topic = topic
+        self.conns = [Conn(nsqd.address) for _ in range(n)]
+        for i, c in enumerate(self.conns):
+            c.publish(topic, f"{i}:first".encode())  # teaches the parser (and so the pump) the topic
+        self.sent = {i: 0 for i in range(n)}
+        self.errors = []
 
-@pytest.mark.parametrize("workers,why", [(2, "fast"), (4, "fast"), (2, "busy")])  # 4 workers: more than the cores
-def test_auto_placement_moves_a_slow_producer_to_the_owner_and_out_again(nsqd_factory, workers, why):
-    """Real broker, auto placement with a low move-in rate (200/s): producers publishing lone PUBs every 10 ms
-    move to the topic's owner; the owner hands them to another worker again once they publish faster than the
-    move-out rate (400/s), or, however slow, while it is busy (--producer-busy-percent: 0 makes any CPU use in
-    the last second busy). Every message arrives once, each producer's in order, across the moves."""
-    flags, gap = MOVE_OUT[why]
-    nsqd = nsqd_factory("--log-level=debug", "--producer-move-in-rate=200", *flags, workers=workers)
-    topic = unique()
-    owner = owner_of(topic, workers)
-    conns = [Conn(nsqd.address) for _ in range(4)]
-    for i, c in enumerate(conns):
-        c.publish(topic, f"{i}:first".encode())  # teaches the parser (and so the pump) the topic
-    sent = {i: 0 for i in range(len(conns))}
-    errors = []
-
-    def publish(i, c, count, gap):
+    def _publish(self, i, c, count, gap):
         try:
             for _ in range(count):
-                c.send(C.pub(topic, f"{i}:{sent[i]}".encode()))
+                c.send(C.pub(self.topic, f"{i}:{self.sent[i]}".encode()))
                 c.expect_response(b"OK")
-                sent[i] += 1
+                self.sent[i] += 1
                 if gap:
                     time.sleep(gap)  # pacing: this is the slow producer being tested, not a wait for state
         except Exception as e:  # reported below; a thread cannot fail the test itself
-            errors.append(e)
+            self.errors.append(e)
 
-    def phase(count, gap):
-        threads = [threading.Thread(target=publish, args=(i, c, count, gap)) for i, c in enumerate(conns)]
+    def phase(self, count, gap):
+        threads = [threading.Thread(target=self._publish, args=(i, c, count, gap)) for i, c in enumerate(self.conns)]
         for t in threads:
             t.start()
         for t in threads:
             t.join(120)
-        assert not errors, errors
+        assert not self.errors, self.errors
 
-    phase(MOVE_AFTER + 1, 0.01)
+    def close_and_check(self, nsqd):
+        """Every message arrived once, each producer's in order."""
+        for c in self.conns:
+            c.close()
+        with consumer(nsqd.address, self.topic, "ch", rdy=2500) as c:
+            seen = {}
+            for _ in range(sum(self.sent.values()) + len(self.conns)):
+                m = c.read_message()
+                c.send(C.fin(m.id))
+                i, k = m.body.decode().split(":")
+                seen.setdefault(int(i), []).append(k)
+            for i, ks in seen.items():
+                assert ks == ["first"] + [str(k) for k in range(self.sent[i])], f"producer {i} out of order"
+            assert sorted(seen) == list(range(len(self.conns)))
+            c.expect_no_frame(within=0.3)
+
+
+@pytest.mark.parametrize("workers", [2, 4])  # 4 workers: more than the cores
+def test_auto_placement_moves_a_slow_producer_to_the_owner_and_out_again(nsqd_factory, workers):
+    """Real broker, auto placement with a low move-in rate (200/s): producers publishing lone PUBs every 10 ms
+    move to the topic's owner; the owner hands them to another worker again once they publish faster than the
+    move-out rate (400/s). Every message arrives once, each producer's in order, across the moves."""
+    nsqd = nsqd_factory("--log-level=debug", "--producer-move-in-rate=200", "--producer-move-out-rate=400",
+                        workers=workers)
+    topic = unique()
+    owner = owner_of(topic, workers)
+    producers = _Producers(nsqd, topic)
+    producers.phase(MOVE_AFTER + 1, 0.01)
     nsqd.wait_for_line(re.compile(rf"worker (?!{owner}:)\d+: handed producer .* to worker {owner}\b"), timeout=30)
-    phase(3 * MOVE_AFTER, gap)
+    producers.phase(3 * MOVE_AFTER, 0)  # as fast as round trips go: above the move-out rate
     nsqd.wait_for_line(re.compile(rf"worker {owner}: handed producer .* to worker (?!{owner}\b)\d+"), timeout=30)
-    for c in conns:
-        c.close()
-    with consumer(nsqd.address, topic, "ch", rdy=2500) as c:
-        seen = {}
-        for _ in range(sum(sent.values()) + len(conns)):
-            m = c.read_message()
-            c.send(C.fin(m.id))
-            i, k = m.body.decode().split(":")
-            seen.setdefault(int(i), []).append(k)
-        for i, ks in seen.items():
-            assert ks == ["first"] + [str(k) for k in range(sent[i])], f"producer {i} out of order"
-        assert sorted(seen) == list(range(len(conns)))
-        c.expect_no_frame(within=0.3)
+    producers.close_and_check(nsqd)
+
+
+def test_auto_placement_moves_no_producer_to_a_busy_owner(nsqd_factory):
+    """--producer-busy-percent=0: the owner is busy from the end of its first load period on (any CPU use is over
+    0% of a core), and logs it. Slow producers then stay where they are, window after window. (Before, a busy
+    owner moved each producer moved in out at the end of its window while the others moved it back in at the end
+    of the next: a round-trip producer that alone kept its owner busy crossed ~100 times a second. That a busy
+    owner keeps the last producer moved in is the pump's rule, tested above.) Every message arrives once."""
+    nsqd = nsqd_factory("--log-level=debug", "--producer-move-in-rate=200", "--producer-busy-percent=0", workers=2)
+    topic = unique()
+    owner = owner_of(topic, 2)
+    nsqd.wait_for_line(re.compile(rf"worker {owner}: busy \("), timeout=30)
+    producers = _Producers(nsqd, topic)
+    producers.phase(3 * MOVE_AFTER + 1, 0.01)  # three windows each, every one slow enough to move in
+    producers.close_and_check(nsqd)
+    assert not re.search(rf"handed producer .* to worker {owner}\b", nsqd.output())
 
 
 @pytest.mark.parametrize("pipelined", [False, True])
