@@ -3,8 +3,10 @@
 Each case runs a fresh interpreter, because the directory is chosen once per process, before numba compiles.
 """
 import os
+import shutil
 import subprocess
 import sys
+import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
@@ -13,11 +15,11 @@ PROBE = ("import ipc.numba_cache as c, numba.core.config as k; from ipc.ring imp
          "from ipc.ring import ring_try_write as f; print(c.CACHE_DIR); print(k.CACHE_DIR); print(len(f.stats.cache_hits))")
 
 
-def probe(tmp_path, **env):
+def probe(tmp_path, root=ROOT, **env):
     clean = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
-    clean.update(HOME=str(tmp_path / "home"), PYTHONPATH=str(ROOT), TMPDIR=str(tmp_path / "tmp"), **env)
+    clean.update(HOME=str(tmp_path / "home"), PYTHONPATH=str(root), TMPDIR=str(tmp_path / "tmp"), **env)
     (tmp_path / "tmp").mkdir(exist_ok=True)
-    out = subprocess.run([sys.executable, "-c", PROBE], env=clean, cwd=ROOT, capture_output=True, text=True,
+    out = subprocess.run([sys.executable, "-c", PROBE], env=clean, cwd=root, capture_output=True, text=True,
                          timeout=120)
     assert out.returncode == 0, out.stderr
     return out.stdout.split()
@@ -31,6 +33,20 @@ def test_versioned_directory_under_xdg_cache_home_and_reused(tmp_path):
     assert hits == "0"
     again = probe(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"))
     assert again[0] == chosen and int(again[2]) > 0  # second process loads the kernels from the cache
+
+
+def test_a_reinstall_in_place_keeps_the_cache(tmp_path):
+    """pip writes every file anew (new mtimes, same content): the same directory, and numba's entries still load
+    (it stamps a kernel's source by its content)."""
+    installed = tmp_path / "site"
+    for package in ("ipc", "nsqpy", "workers"):
+        shutil.copytree(ROOT / package, installed / package, ignore=shutil.ignore_patterns("__pycache__"))
+    first = probe(tmp_path, installed, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    later = time.time() + 3600
+    for path in installed.rglob("*.py"):
+        os.utime(path, (later, later))
+    again = probe(tmp_path, installed, XDG_CACHE_HOME=str(tmp_path / "xdg"))
+    assert again[0] == first[0] and first[2] == "0" and int(again[2]) > 0
 
 
 def test_read_only_cache_home_falls_back_to_a_per_user_temp_dir(tmp_path):
