@@ -1,7 +1,10 @@
 """One PUB per round trip, NSQ's way: servers side by side, a fresh server for every run, ratios in one JSON line.
 
     python -m benchmarks.pub_compare [--server NAME=COMMAND ...] [--cwd NAME=DIR ...]
-        [--connections 2,32,64] [--rounds 3] [--runfor 5s] [--go-bench-writer PATH] [--out FILE]
+        [--connections 2,32,64] [--rounds 3] [--runfor 5s] [--batch-size 1] [--go-bench-writer PATH] [--out FILE]
+
+--batch-size N sends MPUBs of N messages instead (NSQ's bench_writer defaults to 200): the same comparison for
+the write throughput figure, with the same load tool and fresh servers.
 
 Every run starts its server from COMMAND (``{python}``, ``{data_path}``: a fresh directory; the server must listen
 on port 0 or a fixed port and log NSQ's ``TCP: listening on HOST:PORT`` line), runs the load against it for
@@ -12,8 +15,9 @@ an older nsqpy from a git worktree (``--server before=... --cwd before=/path/to/
 
 The load is NSQ's own: with --go-bench-writer, Go's ``bench_writer --batch-size=1 --size=200`` with GOMAXPROCS set
 to the connection count (it opens one blocking connection per GOMAXPROCS); without, this repository's
-``bench_writer --batch-size=1 --driver=epoll`` (compiled, one process per connection up to the cores). Rounds
-interleave servers for each connection count, so a drift in the machine's load hits all alike.
+``bench_writer --batch-size=1 --driver=epoll`` (compiled, one process per connection up to the cores); both
+with --batch-size's value. Rounds interleave servers for each connection count, so a drift in the machine's load
+hits all alike.
 
 Result: ``runs`` (every run), ``medians[connections][server]`` (msgs/s), ``ratios[connections][server]`` =
 first server / that server, ``server_cpu_us_per_msg[connections][server]`` (median CPU time of the server's
@@ -54,6 +58,7 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--rounds", type=int, default=3)
     p.add_argument("--runfor", type=duration_s, default=5.0)
     p.add_argument("--size", type=int, default=200)
+    p.add_argument("--batch-size", type=int, default=1, help="messages per command: 1 is a PUB, more an MPUB")
     p.add_argument("--go-bench-writer", default="", help="path of NSQ's Go bench_writer (the load); default: ours")
     p.add_argument("--ready-timeout", type=duration_s, default=120.0)
     p.add_argument("--out", default="")
@@ -62,7 +67,7 @@ def parser() -> argparse.ArgumentParser:
 
 def go_load(path: str, address: str, connections: int, opts) -> dict:
     env = {**os.environ, "GOMAXPROCS": str(connections)}
-    argv = [path, f"--nsqd-tcp-address={address}", "--batch-size=1", f"--size={opts.size}",
+    argv = [path, f"--nsqd-tcp-address={address}", f"--batch-size={opts.batch_size}", f"--size={opts.size}",
             f"--runfor={opts.runfor}s", "--topic=pub_compare"]
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=opts.runfor + 120)
     match = GO_SUMMARY.search(done.stdout + done.stderr)
@@ -73,7 +78,8 @@ def go_load(path: str, address: str, connections: int, opts) -> dict:
 
 
 def own_load(address: str, connections: int, opts) -> dict:
-    code, result = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", address, "--batch-size", "1",
+    code, result = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", address,
+                            "--batch-size", str(opts.batch_size),
                             "--size", str(opts.size), "--runfor", f"{opts.runfor}s", "--topic", "pub_compare",
                             "--connections", str(connections), "--driver", "epoll",
                             "--driver-processes", str(min(connections, CORES)), "--no-ceiling",
@@ -167,7 +173,8 @@ def main(argv=None) -> int:
         log(f"pub_compare: {c} connections: " + ", ".join(
             f"{list(servers)[0]}/{n} = {r:.3f}" for n, r in row.items() if r))
     result = {"tool": "pub_compare", "servers": servers, "cwd": cwds, "rounds": opts.rounds,
-              "runfor_s": opts.runfor, "size": opts.size, "connections": opts.connections,
+              "runfor_s": opts.runfor, "size": opts.size, "batch_size": opts.batch_size,
+              "connections": opts.connections,
               "load": "go bench_writer" if opts.go_bench_writer else "bench_writer --driver=epoll",
               "medians": medians, "ratios": ratios, "runs": runs,
               "server_cpu_us_per_msg": medians_of(runs, list(servers), opts.connections, "server_cpu_us_per_msg"),

@@ -93,6 +93,14 @@ def test_pub_compare_runs_a_fresh_nsqpy_per_run_and_reports_its_cpu():
     assert result["commit"] and result["cores"] >= 1
 
 
+def test_pub_compare_passes_its_batch_size_to_the_load():
+    """--batch-size N: MPUBs of N (the write-throughput comparison) from the same load tool, recorded."""
+    code, result = run_tool("benchmarks.pub_compare", "--connections", "2", "--rounds", "1", "--runfor", "1s",
+                            "--batch-size", "50", timeout=300)
+    assert code == 0 and result["errors"] == 0 and result["batch_size"] == 50
+    assert result["runs"][0]["result"]["batch_size"] == 50 and result["medians"]["2"]["nsqpy"] > 0
+
+
 def test_first_start_times_warm_up_steps_compiled_alone_and_deals_them_out():
     code, result = run_tool("benchmarks.first_start", "--steps", "7,13", timeout=600)
     assert code == 0
