@@ -38,6 +38,7 @@ import tempfile
 from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log, positive_ints
 from benchmarks.process import REPO, ListeningProcess, run_tool
 
+STOP_TIMEOUT = 300.0  # seconds a server may take to stop cleanly
 NSQPY = "{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}"
 GO_SUMMARY = re.compile(r"duration: ([\d.]+)s - ([\d.]+)mi?b/s - ([\d.]+)ops/s - ([\d.]+)us/op", re.I)
 
@@ -120,7 +121,8 @@ def cpu_seconds(pids: list[int]) -> dict[int, float]:
 def one_run(name: str, command: str, cwd: str, connections: int, opts) -> dict:
     with tempfile.TemporaryDirectory(prefix=f"pub-compare-{name}-") as data_path:
         argv = shlex.split(command.format(python=sys.executable, data_path=data_path))
-        with ListeningProcess(argv, ready_timeout=opts.ready_timeout, cwd=cwd) as server:
+        # a broker stopping after an MPUB run saves its backlog (gigabytes): SIGKILL would leave its shared memory
+        with ListeningProcess(argv, ready_timeout=opts.ready_timeout, cwd=cwd, stop_timeout=STOP_TIMEOUT) as server:
             pids = process_tree(server.proc.pid)
             before = cpu_seconds(pids)
             if opts.go_bench_writer:
