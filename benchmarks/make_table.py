@@ -78,16 +78,17 @@ def ratio_rows(runs) -> list[str]:
 
 
 def pub_compare_rows(runs) -> list[str]:
-    rows = ["| run | conns | server | msgs/s | server CPU µs/msg | first server / this | commit |",
-            "|---|---|---|---|---|---|---|"]
+    # ratios are (the first --server given) / that server; the results file's keys are sorted, so the first
+    # server is the one the ratios leave out
+    rows = ["| run | batch | conns | server | msgs/s | server CPU µs/msg | first server / this | commit |",
+            "|---|---|---|---|---|---|---|---|"]
     for name, r in runs:
         if r.get("tool") != "pub_compare":
             continue
-        first = next(iter(r["servers"]))
         for conns, row in r["medians"].items():
             for server, value in row.items():
-                ratio = "" if server == first else _num(r["ratios"][conns].get(server), 3)
-                rows.append(f"| {name} | {conns} | {server} | {_num(value)} "
+                ratio = _num(r["ratios"][conns].get(server), 3)
+                rows.append(f"| {name} | {r.get('batch_size', 1)} | {conns} | {server} | {_num(value)} "
                             f"| {_num(r['server_cpu_us_per_msg'][conns][server], 1)} | {ratio} | {r['commit']} |")
     return rows
 
@@ -96,7 +97,8 @@ def render(runs) -> str:
     parts = []
     for title, rows in (("Throughput", throughput_rows(runs)), ("Latency", latency_rows(runs)),
                         ("nsqpy compared", ratio_rows(runs)),
-                        ("One message per round trip, NSQ's bench_writer (pub_compare)", pub_compare_rows(runs))):
+                        ("PUB (batch 1) or MPUB per round trip, NSQ's bench_writer (pub_compare)",
+                         pub_compare_rows(runs))):
         if len(rows) > 2:
             parts.append(f"**{title}**\n\n" + "\n".join(rows))
     return "\n\n".join(parts) or "_no results yet_"

@@ -188,9 +188,9 @@ def test_make_table_rewrites_only_between_the_markers(tmp_path):
     latency = {"tool": "latency", "when": "w", "phases": [
         {"rate": 10000, "achieved_rate": 9999.0, "p50_us": 210.0, "p99_us": 900.0, "p999_us": 1500.0,
          "max_us": 2100.0, "lost": 0}]}
-    pubs = {"tool": "pub_compare", "servers": {"nsqpy": "x", "go": "y"}, "commit": "abc1234",
-            "medians": {"2": {"nsqpy": 20000.0, "go": 25000.0}}, "ratios": {"2": {"go": 0.8}},
-            "server_cpu_us_per_msg": {"2": {"nsqpy": 40.04, "go": 30.0}}}
+    pubs = {"tool": "pub_compare", "servers": {"go": "y", "nsqpy": "x"}, "commit": "abc1234",  # as emitted: sorted
+            "medians": {"2": {"go": 25000.0, "nsqpy": 20000.0}}, "ratios": {"2": {"go": 0.8}},
+            "server_cpu_us_per_msg": {"2": {"go": 30.0, "nsqpy": 40.04}}}
     (results / "w1.json").write_text(json.dumps(writer) + "\n")
     (results / "lat.json").write_text("not json\n" + json.dumps(latency) + "\n")
     (results / "pc.json").write_text(json.dumps(pubs) + "\n")
@@ -202,8 +202,8 @@ def test_make_table_rewrites_only_between_the_markers(tmp_path):
     assert "old table" not in text
     assert "| w1 | bench_writer | MPUB 200 | 2 | 200 | 1,234,567 | 235.5 | 0.810 | 2,000,000 | 0 |" in text
     assert "| lat | defaults | 10,000 | 9,999 | 210 | 900 | 1,500 | 2,100 | 0 | w |" in text
-    assert "| pc | 2 | nsqpy | 20,000 | 40.0 |  | abc1234 |" in text
-    assert "| pc | 2 | go | 25,000 | 30.0 | 0.800 | abc1234 |" in text
+    assert "| pc | 1 | 2 | nsqpy | 20,000 | 40.0 |  | abc1234 |" in text  # the first --server: no ratio
+    assert "| pc | 1 | 2 | go | 25,000 | 30.0 | 0.800 | abc1234 |" in text
     make_table.main(["--results", str(results), "--readme", str(readme)])
     assert readme.read_text() == text  # idempotent
 
