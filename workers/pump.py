@@ -33,7 +33,7 @@ numba, with libc called directly (``ipc.sysio``):
   spread. So is every producer moved in but the last, at the end of its window, while the owner is busy
   (``set_load``: it used more than ``busy_share`` of a core over the last period; the worker publishes that in
   the control block, and no producer moves in while it holds). Without both rules, a round-trip producer that
-  alone kept its owner over the busy share was moved out and back every window (~100 hand-overs a second).
+  alone kept its owner over the busy share was moved out and back in, window after window.
   Cost model in ARCHITECTURE.md.
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or

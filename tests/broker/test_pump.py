@@ -542,8 +542,9 @@ def test_auto_placement_moves_no_producer_to_a_busy_owner(nsqd_factory):
     """--producer-busy-percent=0: the owner is busy from the end of its first load period on (any CPU use is over
     0% of a core), and logs it. Slow producers then stay where they are, window after window. (Before, a busy
     owner moved each producer moved in out at the end of its window while the others moved it back in at the end
-    of the next: a round-trip producer that alone kept its owner busy crossed ~100 times a second. That a busy
-    owner keeps the last producer moved in is the pump's rule, tested above.) Every message arrives once."""
+    of the next: a round-trip producer that alone kept its owner busy crossed over and back, window after window.
+    That a busy owner keeps the last producer moved in is the pump's rule, tested above.) Every message arrives
+    once."""
     nsqd = nsqd_factory("--log-level=debug", "--producer-move-in-rate=200", "--producer-busy-percent=0", workers=2)
     topic = unique()
     owner = owner_of(topic, 2)
