@@ -86,22 +86,24 @@ class Control:
         """A worker (or its replacement) starting: neither quiesced nor busy."""
         py_store_release(self.w, self._worker(w, W_FLAGS), 0)
 
+    def _flags(self, w):
+        return int(py_load_acquire(self.w, self._worker(w, W_FLAGS)))
+
     def _set_flag(self, w, bit, on):
-        i = self._worker(w, W_FLAGS)  # only worker w writes its flags: a load and a store do
-        v = int(py_load_acquire(self.w, i))
-        py_store_release(self.w, i, v | bit if on else v & ~bit)
+        v = self._flags(w)  # only worker w writes its flags: a load and a store do
+        py_store_release(self.w, self._worker(w, W_FLAGS), v | bit if on else v & ~bit)
 
     def set_quiesced(self, w, flag):
         self._set_flag(w, F_QUIESCED, flag)
 
     def quiesced(self, w):
-        return bool(py_load_acquire(self.w, self._worker(w, W_FLAGS)) & F_QUIESCED)
+        return bool(self._flags(w) & F_QUIESCED)
 
     def set_busy(self, w, flag):
         self._set_flag(w, F_BUSY, flag)
 
     def busy(self, w):
-        return bool(py_load_acquire(self.w, self._worker(w, W_FLAGS)) & F_BUSY)
+        return bool(self._flags(w) & F_BUSY)
 
     def set_storage_failed(self, w, when_ns):
         py_store_release(self.w, self._worker(w, W_STORAGE_FAILED), when_ns)
