@@ -33,15 +33,17 @@ def _num(value, digits: int = 0) -> str:
     return "" if value is None else f"{value:,.{digits}f}"
 
 
+def command_shape(r: dict) -> str:
+    return f"MPUB {r['batch_size']}" if r.get("batch_size", 1) > 1 else "PUB"
+
+
 def throughput_rows(runs) -> list[str]:
     rows = ["| run | tool | batch / RDY | conns | size | msgs/s | MiB/s | µs/op | ceiling msgs/s | errors | when |",
             "|---|---|---|---|---|---|---|---|---|---|---|"]
     for name, r in runs:
         if r.get("tool") not in ("bench_writer", "bench_reader"):
             continue
-        shape = f"MPUB {r['batch_size']}" if r.get("batch_size", 1) > 1 else "PUB"
-        if r["tool"] == "bench_reader":
-            shape = f"RDY {r['rdy']}"
+        shape = f"RDY {r['rdy']}" if r["tool"] == "bench_reader" else command_shape(r)
         if r.get("driver") == "epoll":
             shape += f" (epoll driver, {r.get('driver_processes', 1)} proc)"
         rows.append(f"| {name} | {r['tool']} | {shape} | {r['connections']} | {r['size']} | {_num(r['ops_per_s'])} "
@@ -77,10 +79,14 @@ def ratio_rows(runs) -> list[str]:
     return rows
 
 
+def pub_compare_load(r: dict) -> str:
+    return f"read RDY {r['rdy']}" if r.get("read_preload") else command_shape(r)
+
+
 def pub_compare_rows(runs) -> list[str]:
     # ratios are (the first --server given) / that server; the results file's keys are sorted, so the first
     # server is the one the ratios leave out
-    rows = ["| run | batch | conns | server | msgs/s | server CPU µs/msg | first server / this | commit |",
+    rows = ["| run | load | conns | server | msgs/s | server CPU µs/msg | first server / this | commit |",
             "|---|---|---|---|---|---|---|---|"]
     for name, r in runs:
         if r.get("tool") != "pub_compare":
@@ -88,7 +94,7 @@ def pub_compare_rows(runs) -> list[str]:
         for conns, row in r["medians"].items():
             for server, value in row.items():
                 ratio = _num(r["ratios"][conns].get(server), 3)
-                rows.append(f"| {name} | {r.get('batch_size', 1)} | {conns} | {server} | {_num(value)} "
+                rows.append(f"| {name} | {pub_compare_load(r)} | {conns} | {server} | {_num(value)} "
                             f"| {_num(r['server_cpu_us_per_msg'][conns][server], 1)} | {ratio} | {r['commit']} |")
     return rows
 
@@ -97,7 +103,7 @@ def render(runs) -> str:
     parts = []
     for title, rows in (("Throughput", throughput_rows(runs)), ("Latency", latency_rows(runs)),
                         ("nsqpy compared", ratio_rows(runs)),
-                        ("PUB (batch 1) or MPUB per round trip, NSQ's bench_writer (pub_compare)",
+                        ("PUB or MPUB per round trip, or read, NSQ's way with fresh servers (pub_compare)",
                          pub_compare_rows(runs))):
         if len(rows) > 2:
             parts.append(f"**{title}**\n\n" + "\n".join(rows))

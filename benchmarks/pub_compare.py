@@ -1,10 +1,19 @@
 """One PUB per round trip, NSQ's way: servers side by side, a fresh server for every run, ratios in one JSON line.
 
     python -m benchmarks.pub_compare [--server NAME=COMMAND ...] [--cwd NAME=DIR ...]
-        [--connections 2,32,64] [--rounds 3] [--runfor 5s] [--batch-size 1] [--go-bench-writer PATH] [--out FILE]
+        [--connections 2,32,64] [--rounds 3] [--runfor 5s] [--batch-size 1] [--go-bench-writer PATH]
+        [--read N [--go-bench-reader PATH] [--rdy 2500]] [--out FILE]
 
 --batch-size N sends MPUBs of N messages instead (NSQ's bench_writer defaults to 200): the same comparison for
 the write throughput figure, with the same load tool and fresh servers.
+
+--read N compares reading instead (NSQ's bench.sh: "SUB"). Every run first creates channel ``ch`` (a SUB with
+RDY 0), preloads exactly N messages into it (pipelined MPUBs of 200 from this process, untimed), then reads for
+--runfor with NSQ's Go ``bench_reader --rdy=2500`` (--go-bench-reader; GOMAXPROCS = the connection count, one
+connection each) or this repository's ``bench_reader``. The figure is messages FINed per second. N must exceed
+what the fastest server delivers in --runfor: a run that read all N waited for messages that never came, so it
+is marked ``drained`` (a lower bound) and counted in ``drained_runs``. Go nsqd keeps only --mem-queue-size
+messages in memory (10000 by default; bench.sh starts it with 1000000): give it the flag in its command.
 
 Every run starts its server from COMMAND (``{python}``, ``{data_path}``: a fresh directory; the server must listen
 on port 0 or a fixed port and log NSQ's ``TCP: listening on HOST:PORT`` line), runs the load against it for
@@ -37,7 +46,12 @@ import tempfile
 
 from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log, positive_ints
 from benchmarks.process import REPO, ListeningProcess, run_tool
+from benchmarks.wire import Connection
+from nsqpy.protocol import client
 
+TOPIC, CHANNEL = "pub_compare", "ch"
+PRELOAD_BATCH, PRELOAD_WINDOW = 200, 16  # --read's preload: messages per MPUB, MPUBs in flight
+DRAINED = 0.99  # a read run that got this share of the preload may have waited for more: a lower bound
 STOP_TIMEOUT = 300.0  # seconds a server may take to stop cleanly
 NSQPY = "{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}"
 GO_SUMMARY = re.compile(r"duration: ([\d.]+)s - ([\d.]+)mi?b/s - ([\d.]+)ops/s - ([\d.]+)us/op", re.I)
@@ -61,6 +75,10 @@ def parser() -> argparse.ArgumentParser:
     p.add_argument("--size", type=int, default=200)
     p.add_argument("--batch-size", type=int, default=1, help="messages per command: 1 is a PUB, more an MPUB")
     p.add_argument("--go-bench-writer", default="", help="path of NSQ's Go bench_writer (the load); default: ours")
+    p.add_argument("--read", type=int, default=0, metavar="N",
+                   help="compare reading: preload N messages per run, then read for --runfor")
+    p.add_argument("--go-bench-reader", default="", help="with --read: path of NSQ's Go bench_reader; default: ours")
+    p.add_argument("--rdy", type=int, default=2500, help="with --read: RDY per reading connection")
     p.add_argument("--ready-timeout", type=duration_s, default=120.0)
     p.add_argument("--out", default="")
     return p
@@ -69,19 +87,62 @@ def parser() -> argparse.ArgumentParser:
 def go_load(path: str, address: str, connections: int, opts) -> dict:
     env = {**os.environ, "GOMAXPROCS": str(connections)}
     argv = [path, f"--nsqd-tcp-address={address}", f"--batch-size={opts.batch_size}", f"--size={opts.size}",
-            f"--runfor={opts.runfor}s", "--topic=pub_compare"]
+            f"--runfor={opts.runfor}s", f"--topic={TOPIC}"]
+    return go_summary(argv, env, "go bench_writer", connections, opts)
+
+
+def go_summary(argv: list[str], env: dict, tool: str, connections: int, opts) -> dict:
+    """Run one of NSQ's Go bench tools and read its closing summary line."""
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=opts.runfor + 120)
     match = GO_SUMMARY.search(done.stdout + done.stderr)
     if done.returncode != 0 or match is None:
         raise BenchError(f"{' '.join(argv)}: exit {done.returncode}\n{(done.stdout + done.stderr)[-2000:]}")
-    return {"tool": "go bench_writer", "connections": connections, "duration_s": float(match.group(1)),
+    return {"tool": tool, "connections": connections, "duration_s": float(match.group(1)),
             "ops_per_s": float(match.group(3)), "us_per_op": float(match.group(4)), "errors": 0}
+
+
+def go_read(address: str, connections: int, opts) -> dict:
+    env = {**os.environ, "GOMAXPROCS": str(connections)}
+    argv = [opts.go_bench_reader, f"--nsqd-tcp-address={address}", f"--size={opts.size}", f"--rdy={opts.rdy}",
+            f"--runfor={opts.runfor}s", f"--topic={TOPIC}", f"--channel={CHANNEL}"]
+    return go_summary(argv, env, "go bench_reader", connections, opts)
+
+
+def own_read(address: str, connections: int, opts) -> dict:
+    code, result = run_tool("benchmarks.bench_reader", "--nsqd-tcp-address", address, "--size", str(opts.size),
+                            "--rdy", str(opts.rdy), "--runfor", f"{opts.runfor}s", "--topic", TOPIC,
+                            "--channel", CHANNEL, "--connections", str(connections), "--no-ceiling",
+                            timeout=opts.runfor + 120)
+    if code != 0 or not result:
+        raise BenchError(f"bench_reader against {address} failed with {code}: {result}")
+    return result
+
+
+def preload(address: tuple[str, int], count: int, size: int) -> Connection:
+    """Channel CHANNEL of TOPIC made (by a SUB with RDY 0, returned open) and exactly `count` messages of `size`
+    bytes published to it: MPUBs of PRELOAD_BATCH, PRELOAD_WINDOW of them in flight."""
+    holder = Connection(address)
+    holder.subscribe(TOPIC, CHANNEL, 0)
+    producer = Connection(address)
+    full = client.mpub(TOPIC, [b"x" * size] * PRELOAD_BATCH)
+    left = count
+    while left:
+        batches = min(PRELOAD_WINDOW, left // PRELOAD_BATCH) or 1
+        if left < PRELOAD_BATCH:  # the remainder, alone
+            producer.send(client.mpub(TOPIC, [b"x" * size] * left))
+        else:
+            producer.send(full * batches)
+        for _ in range(batches):
+            producer.expect_ok("MPUB")
+        left -= min(left, batches * PRELOAD_BATCH)
+    producer.close()
+    return holder
 
 
 def own_load(address: str, connections: int, opts) -> dict:
     code, result = run_tool("benchmarks.bench_writer", "--nsqd-tcp-address", address,
                             "--batch-size", str(opts.batch_size),
-                            "--size", str(opts.size), "--runfor", f"{opts.runfor}s", "--topic", "pub_compare",
+                            "--size", str(opts.size), "--runfor", f"{opts.runfor}s", "--topic", TOPIC,
                             "--connections", str(connections), "--driver", "epoll",
                             "--driver-processes", str(min(connections, CORES)), "--no-ceiling",
                             timeout=opts.runfor + 120)
@@ -123,14 +184,22 @@ def one_run(name: str, command: str, cwd: str, connections: int, opts) -> dict:
         argv = shlex.split(command.format(python=sys.executable, data_path=data_path))
         # a broker stopping after an MPUB run saves its backlog (gigabytes): SIGKILL would leave its shared memory
         with ListeningProcess(argv, ready_timeout=opts.ready_timeout, cwd=cwd, stop_timeout=STOP_TIMEOUT) as server:
+            holder = preload(server.address, opts.read, opts.size) if opts.read else None
             pids = process_tree(server.proc.pid)
             before = cpu_seconds(pids)
-            if opts.go_bench_writer:
+            if opts.read:
+                read = go_read if opts.go_bench_reader else own_read
+                result = read(server.address_text, connections, opts)
+            elif opts.go_bench_writer:
                 result = go_load(opts.go_bench_writer, server.address_text, connections, opts)
             else:
                 result = own_load(server.address_text, connections, opts)
             after = cpu_seconds(pids)
+            if holder is not None:
+                holder.close()
     msgs = result["ops_per_s"] * result.get("duration_s", opts.runfor)
+    if opts.read:
+        result["drained"] = msgs >= opts.read * DRAINED
     per_process = sorted((after[p] - before.get(p, 0.0) for p in after), reverse=True)
     result["server_cpu_s"] = sum(per_process)
     result["server_cpu_us_per_msg"] = sum(per_process) * 1e6 / msgs if msgs else None
@@ -152,6 +221,12 @@ def summarize(runs: list[dict], names: list[str], connections: list[int]) -> tup
     return medians, ratios
 
 
+def load_name(opts) -> str:
+    if opts.read:
+        return "go bench_reader" if opts.go_bench_reader else "bench_reader"
+    return "go bench_writer" if opts.go_bench_writer else "bench_writer --driver=epoll"
+
+
 def main(argv=None) -> int:
     opts = parser().parse_args(argv)
     servers = dict(opts.server) or {"nsqpy": NSQPY}
@@ -166,7 +241,8 @@ def main(argv=None) -> int:
                 log(f"pub_compare: round {round_no + 1}/{opts.rounds}, {connections} connections, {name}")
                 result = one_run(name, command, cwds.get(name, REPO), connections, opts)
                 log(f"pub_compare:   {result['ops_per_s']:.0f} msgs/s, server CPU "
-                    f"{result['server_cpu_us_per_msg'] or 0:.1f} us/msg")
+                    f"{result['server_cpu_us_per_msg'] or 0:.1f} us/msg"
+                    + (" (drained: read all of --read, a lower bound)" if result.get("drained") else ""))
                 runs.append({"round": round_no, "server": name, "connections": connections,
                              "ops_per_s": result["ops_per_s"],
                              "server_cpu_us_per_msg": result["server_cpu_us_per_msg"], "result": result})
@@ -177,7 +253,8 @@ def main(argv=None) -> int:
     result = {"tool": "pub_compare", "servers": servers, "cwd": cwds, "rounds": opts.rounds,
               "runfor_s": opts.runfor, "size": opts.size, "batch_size": opts.batch_size,
               "connections": opts.connections,
-              "load": "go bench_writer" if opts.go_bench_writer else "bench_writer --driver=epoll",
+              "load": load_name(opts), "read_preload": opts.read, "rdy": opts.rdy if opts.read else None,
+              "drained_runs": sum(bool(r["result"].get("drained")) for r in runs),
               "medians": medians, "ratios": ratios, "runs": runs,
               "server_cpu_us_per_msg": medians_of(runs, list(servers), opts.connections, "server_cpu_us_per_msg"),
               "errors": sum(int(r["result"].get("errors", 0)) for r in runs), **environment()}

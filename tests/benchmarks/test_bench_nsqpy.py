@@ -101,6 +101,17 @@ def test_pub_compare_passes_its_batch_size_to_the_load():
     assert result["runs"][0]["result"]["batch_size"] == 50 and result["medians"]["2"]["nsqpy"] > 0
 
 
+def test_pub_compare_read_preloads_exactly_n_messages_then_reads_them():
+    """--read N: each fresh server gets exactly N messages in channel ch before the reader's run (5,150 is not a
+    multiple of the preload's MPUB of 200); reading all of them marks the run drained (a lower bound)."""
+    code, result = run_tool("benchmarks.pub_compare", "--connections", "2", "--rounds", "1", "--runfor", "2s",
+                            "--read", "5150", timeout=300)
+    assert code == 0 and result["errors"] == 0, result
+    assert result["load"] == "bench_reader" and result["read_preload"] == 5150 and result["rdy"] == 2500
+    run = result["runs"][0]["result"]
+    assert run["msgs"] == 5150 and run["drained"] is True and result["drained_runs"] == 1
+
+
 def test_first_start_times_warm_up_steps_compiled_alone_and_deals_them_out():
     code, result = run_tool("benchmarks.first_start", "--steps", "7,13", timeout=600)
     assert code == 0

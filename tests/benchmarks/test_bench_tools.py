@@ -194,6 +194,8 @@ def test_make_table_rewrites_only_between_the_markers(tmp_path):
     (results / "w1.json").write_text(json.dumps(writer) + "\n")
     (results / "lat.json").write_text("not json\n" + json.dumps(latency) + "\n")
     (results / "pc.json").write_text(json.dumps(pubs) + "\n")
+    reads = {**pubs, "read_preload": 6000000, "rdy": 2500, "batch_size": 1}
+    (results / "rd.json").write_text(json.dumps(reads) + "\n")
     readme = tmp_path / "README.md"
     readme.write_text(f"# head\n\n{make_table.BEGIN}\nold table\n{make_table.END}\n\ntail\n")
     make_table.main(["--results", str(results), "--readme", str(readme)])
@@ -202,8 +204,9 @@ def test_make_table_rewrites_only_between_the_markers(tmp_path):
     assert "old table" not in text
     assert "| w1 | bench_writer | MPUB 200 | 2 | 200 | 1,234,567 | 235.5 | 0.810 | 2,000,000 | 0 |" in text
     assert "| lat | defaults | 10,000 | 9,999 | 210 | 900 | 1,500 | 2,100 | 0 | w |" in text
-    assert "| pc | 1 | 2 | nsqpy | 20,000 | 40.0 |  | abc1234 |" in text  # the first --server: no ratio
-    assert "| pc | 1 | 2 | go | 25,000 | 30.0 | 0.800 | abc1234 |" in text
+    assert "| pc | PUB | 2 | nsqpy | 20,000 | 40.0 |  | abc1234 |" in text  # the first --server: no ratio
+    assert "| pc | PUB | 2 | go | 25,000 | 30.0 | 0.800 | abc1234 |" in text
+    assert "| rd | read RDY 2500 | 2 | go | 25,000 | 30.0 | 0.800 | abc1234 |" in text
     make_table.main(["--results", str(results), "--readme", str(readme)])
     assert readme.read_text() == text  # idempotent
 
