@@ -21,9 +21,11 @@ no list for it.
 (workers/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
 cache (its imports, which compile the kernels loaded at import, are not counted). `steps` lists the seconds per
 step (a step the warm-up makes wait for others, ``warmup.WAITS_FOR``, is timed after they ran in the same process:
-`waits` lists their indices); `predicted_kernels_s` hands them out as the warm-up's queue does to its compiling
-processes (each free process takes the next step in order, a waiting one starting once those it waits for are
-done; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and takes when the last one finishes: the
+`waits` lists their indices); `predicted_kernels_s` hands them out, but for the steps nsqd does not wait for (a
+first start compiles ``warmup.DEFERRED`` in the background after it listens: ``deferred`` true), as the
+warm-up's queue does to its compiling processes (each free process takes the next step in order, a waiting one
+starting once those it waits for are done; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and
+takes when the last one finishes: the
 warm-up phase on a host with P cores as fast as this one's, if compiling processes do not slow each other down.
 Kernels that several steps share compile once per process that needs them, so the P = 1 figure overstates a
 serial warm-up; P = 2 is the one to hold against this host's measured `cold_kernels_s`.
@@ -103,7 +105,8 @@ for j in waits:  # as in the warm-up: the steps it waits for compiled first (unt
 t0 = time.perf_counter()
 step()
 fn = getattr(step, "func", step)
-print(json.dumps({"name": f"{fn.__module__}.{fn.__qualname__}", "s": time.perf_counter() - t0, "waits": waits}))
+print(json.dumps({"name": f"{fn.__module__}.{fn.__qualname__}", "s": time.perf_counter() - t0, "waits": waits,
+                  "deferred": fn in getattr(warmup, "DEFERRED", ())}))
 """
 
 
@@ -143,11 +146,13 @@ def steps_main(opts):
     steps = []
     for i in indices:
         got = step_cost(REPO, i)
-        steps.append({"index": i, "name": got["name"], "s": round(got["s"], 3), "waits": got.get("waits", [])})
-        log(f"step {i} {got['name']}: {got['s']:.2f}s")
-    seconds = [x["s"] for x in steps]
-    at = {x["index"]: k for k, x in enumerate(steps)}  # (a subset of --steps: waits for steps not timed count 0)
-    waits = {k: [at[j] for j in x["waits"] if j in at] for k, x in enumerate(steps)}
+        steps.append({"index": i, "name": got["name"], "s": round(got["s"], 3), "waits": got.get("waits", []),
+                      "deferred": got.get("deferred", False)})
+        log(f"step {i} {got['name']}: {got['s']:.2f}s" + (" (after listening)" if got.get("deferred") else ""))
+    waited = [x for x in steps if not x["deferred"]]  # nsqd listens once these are done
+    seconds = [x["s"] for x in waited]
+    at = {x["index"]: k for k, x in enumerate(waited)}  # (a subset of --steps: waits for steps not timed count 0)
+    waits = {k: [at[j] for j in x["waits"] if j in at] for k, x in enumerate(waited)}
     result = dict(environment(), tool="first_start", mode="steps", steps=steps,
                   predicted_kernels_s={p: round(predicted_kernels_s(seconds, p, waits), 2) for p in (1, 2, 4, 16, 64)})
     emit(result, opts.out)

@@ -376,7 +376,6 @@ def warm_up():
         other_w.send(b"x")
         rig.lane.poll(1.0)    # R_EVENTS
         rig.pump.remove(peer)
-        rig.naps.saw(1, True)  # the Python path's count of a forward
     finally:
         rig.close()
         for s in (here, there, other_r, other_w):

@@ -102,7 +102,7 @@ def _prepare(plan, opts, log):
         raise StartError(str(e)) from None
     try:
         t0 = time.monotonic()
-        warm_up(plan.prefix, log)
+        plan.background = warm_up(plan.prefix, log)  # a first start: the forward lane compiles meanwhile
         log.debug(f"kernels ready in {time.monotonic() - t0:.2f}s")
         salvage(plan, log)  # what a crashed instance of this data path left in shared memory, to disk first
         plan.create()
@@ -193,8 +193,13 @@ def main(argv=None):
             log.fatal(e.args[0])
         if plan is not None:
             plan.destroy()  # nothing was forked: no message can be in the new segments yet
+            if plan.background is not None:
+                plan.background.finish(timeout=0)
         return 1
     sup.cleanups.append(lambda: plan.destroy() if sup.clean_exit else plan.keep())
+    if plan.background is not None:
+        sup.cleanups.append(lambda: plan.background.finish(log))
+        sup.periodic.append(plan.background.reap)
     # cleanups run last first: nsqd.dat before the journals go; only once the broker ran (a start that failed
     # half-way must not replace a good nsqd.dat by what its workers had loaded so far)
     sup.cleanups.append(lambda: sup.periodic and sync.poll(force=True))

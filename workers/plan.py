@@ -62,6 +62,7 @@ class Plan:
         self.inboxes = []          # (receiving end, sending end) per worker
         self.link_set = None
         self.control = None
+        self.background = None     # a first start's compile of the forward lane (workers/warmup.py Background)
         self.stats_board = None    # the stats plane's board (nsqpy/broker/stats.py); workers add their tables
 
     # ---- creation (supervisor, before fork) ------------------------------------------------------------

@@ -2,12 +2,17 @@
 forks: the children inherit the machine code, so none of them stalls its first client for the hundreds of
 milliseconds a kernel takes to load, or seconds to compile on a cold cache, and a restarted child is ready at
 once. Each step drives the real classes on throwaway memory with the argument types production uses.
+
+One exception, on a first start only (a cold cache): the DEFERRED steps (the forward lane) compile in a
+background process while nsqd starts and listens, and each worker switches the lane on once it is in the cache
+(``Background``); until then the loop's Python path does its work.
 """
 import contextlib
 import functools
 import mmap
 import os
 import select
+import signal
 import socket
 import time
 
@@ -26,6 +31,7 @@ from nsqpy.protocol.ids import IdGenerator
 from nsqpy.protocol.v2_parser import V2Parser
 from workers import fastlane, kernels as K, records, stats
 from workers.deferred import DeferredStore, LocalChunks
+from workers.handover import OwnerNaps
 from workers.pump import Pump, pack_bodies
 from workers.scanner import apply_removes, apply_starts
 
@@ -56,6 +62,7 @@ def _rings():
     wake = Wakeups.create(bytearray(Wakeups.size_for(1)), 0, [-1])
     wake.prepare_sleep(0, lambda: True)
     wake_check(wake.flags, 0)  # notify's test (notify itself would write to the eventfd, -1 here)
+    OwnerNaps(2).saw(1, True)  # the Python path's count of a forward (workers/forwarding.py)
 
 
 def _timers():
@@ -229,18 +236,18 @@ def dependencies(steps):
 WAIT_LIMIT_S = 300.0   # a step waited for longer than this (a compiling process died?) is compiled here anyway
 
 
-def _compile_in_parallel(steps, processes, log):
-    """Cold cache: ``processes`` forked children take the steps one at a time from a shared queue (a pipe of
-    step numbers, in order: whoever is free takes the next), so that numba compiles them on every core at once
-    and writes them to its cache; the caller then loads them all (milliseconds each). Dealing them out in fixed
-    shares left one child with most of the work on 2 cores. A step of WAITS_FOR first waits until the steps it
-    names are done (marks in shared memory), so that it loads their kernels instead of compiling them a second
-    time. Forking here is safe: the supervisor has no thread yet and numba has compiled nothing."""
+def _compile_in_parallel(steps, queue, processes, done, log):
+    """Cold cache: ``processes`` forked children take the steps at the indices ``queue`` one at a time from a
+    shared queue (a pipe of step numbers, in order: whoever is free takes the next), so that numba compiles them
+    on every core at once and writes them to its cache; the caller then loads them all (milliseconds each).
+    Dealing them out in fixed shares left one child with most of the work on 2 cores. A step of WAITS_FOR first
+    waits until the steps it names are marked in ``done`` (shared memory), so that it loads their kernels instead
+    of compiling them a second time. Forking here is safe: the supervisor has no thread yet and numba has compiled
+    nothing."""
     waits = dependencies(steps)
-    done = mmap.mmap(-1, len(steps))            # shared with the children: 1 when step i finished (or failed)
     queue_r, queue_w = os.pipe()
-    os.write(queue_w, bytes(range(len(steps))))  # a few bytes: far below a pipe's capacity, never blocks
-    os.close(queue_w)                            # so a child reading an empty queue gets end of file
+    os.write(queue_w, bytes(queue))  # a few bytes: far below a pipe's capacity, never blocks
+    os.close(queue_w)                # so a child reading an empty queue gets end of file
     pids = []
     for _ in range(processes):
         pid = os.fork()
@@ -289,19 +296,36 @@ def cache_is_cold():
     return path is not None and not os.path.exists(path)
 
 
-def warm_up(prefix, log=None, processes=None):
+def warm_up(prefix, log=None, processes=None, defer=True):
     """prefix: this broker's segment-name prefix (the log step needs real shared memory briefly). On a cold cache
-    (the first start after an install or upgrade) the kernels compile in parallel processes, one line saying so."""
+    (the first start after an install or upgrade) the kernels compile in parallel processes, one line saying so,
+    and (with ``defer``, when numba's cache is writable) the DEFERRED steps compile in a background process that
+    goes on after nsqd listens: -> its ``Background``, or None when every kernel is ready."""
     steps = _steps(prefix)
+    done = mmap.mmap(-1, len(steps))  # shared with the children: 1 when step i finished (or failed)
+    later, background = [], None
     if cache_is_cold():
-        processes = max(1, min(len(steps), processes or os.cpu_count() or 1))
+        if defer and os.access(os.path.dirname(_mark_path()), os.W_OK):
+            later = [i for i, step in enumerate(steps) if _function(step) in DEFERRED]
+        now = [i for i in range(len(steps)) if i not in later]
+        processes = max(1, min(len(now), processes or os.cpu_count() or 1))
         if log is not None:
             log.info(f"compiling the broker's kernels for this version ({processes} processes; the first start "
                      f"after an install or upgrade only)")
+        if later:
+            background = Background.start(steps, later, done, log)
         if processes > 1:
-            _compile_in_parallel(steps, processes, log)
-    for step in steps:
-        step()
+            _compile_in_parallel(steps, now, processes, done, log)
+    for i, step in enumerate(steps):
+        if i not in later:
+            step()
+            done[i] = 1
+    if background is None:
+        _write_mark()
+    return background
+
+
+def _write_mark():
     path = _mark_path()
     if path is not None and not os.path.exists(path):
         try:
@@ -309,3 +333,98 @@ def warm_up(prefix, log=None, processes=None):
                 pass
         except OSError:
             pass  # a read-only cache: the next start compiles in parallel again, nothing worse
+
+
+# Steps for paths that only make the broker faster, beside a Python path that does the same: on a first start
+# they compile in a background process and nsqd listens without waiting for them. The forward lane (workers/
+# fastlane.py: the forwards of lone PUBs and the owner's own path) is the costliest step by far, a quarter of a
+# first start's compiling; until it is in numba's cache the workers use the loop's Python path (Worker.lane_poll).
+DEFERRED = (fastlane.warm_up,)
+BACKGROUND_NICE = 10  # the background compile yields to a loaded broker's processes (it still gets ~10% of a core)
+FINISH_TIMEOUT = 120.0  # seconds a stopping nsqd waits for it (Background.finish)
+
+
+class Background:
+    """The DEFERRED steps compiling in a child of the supervisor (forked during the warm-up: it inherits no thread
+    and no client). When they are all in numba's cache the child writes the warm-up's mark and sets ``flag``, a
+    byte of anonymous shared memory that every later child of the supervisor (the workers, their replacements)
+    sees; a worker then loads their kernels (``load``) and switches the lane on. A step that fails leaves the
+    flag unset: the workers keep the Python path, and the next start compiles it again."""
+
+    def __init__(self, pid, flag, steps):
+        self.pid = pid
+        self.flag = flag
+        self.steps = steps
+
+    @classmethod
+    def start(cls, steps, indices, done, log):
+        flag = mmap.mmap(-1, 1)
+        parent = os.getpid()
+        pid = os.fork()
+        if pid == 0:
+            code = 1
+            try:
+                from nsqpy.process import die_with_parent
+                die_with_parent(parent)  # a SIGKILLed supervisor takes it along
+                for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's traps record them for its loop
+                    signal.signal(sig, signal.SIG_DFL)
+                os.nice(BACKGROUND_NICE)
+                t0 = time.monotonic()
+                waits = dependencies(steps)
+                for i in indices:
+                    _wait_for(done, waits.get(i, ()))
+                    steps[i]()
+                _write_mark()
+                flag[0] = 1
+                if log is not None:
+                    log.info(f"compiled the forward lane's kernels in the background in {time.monotonic() - t0:.1f}s"
+                             f"; the workers switch it on")
+                code = 0
+            except BaseException:
+                if log is not None:
+                    import traceback
+                    log.error(f"compiling the forward lane failed; the workers go on without it: "
+                              f"{traceback.format_exc().strip()}")
+            finally:
+                os._exit(code)
+        if log is not None:
+            log.info(f"compiling the forward lane in the background (pid {pid}); nsqd serves without it meanwhile")
+        return cls(pid, flag, [steps[i] for i in indices])
+
+    def ready(self):
+        return self.flag[0] == 1
+
+    def load(self):
+        """In a worker, once ``ready``: the steps again, which now load their kernels from numba's cache."""
+        for step in self.steps:
+            step()
+
+    def reap(self):
+        """The supervisor's periodic look: collect the child once it exited."""
+        if self.pid:
+            try:
+                pid, _ = os.waitpid(self.pid, os.WNOHANG)
+            except ChildProcessError:
+                pid = self.pid
+            if pid:
+                self.pid = 0
+
+    def finish(self, log=None, timeout=FINISH_TIMEOUT):
+        """At shutdown: a compile still running gets ``timeout`` seconds to complete (so that the next start finds
+        the lane in the cache: a broker stopped seconds after its first start, as a test's is, would otherwise
+        leave it uncompiled start after start), then is killed (numba writes each cache file whole, by rename)."""
+        if not self.pid:
+            return
+        give_up = time.monotonic() + timeout
+        if timeout > 0 and log is not None:
+            log.info(f"waiting up to {timeout:.0f}s for the forward lane's compile to complete (first start only)")
+        try:
+            while not os.waitpid(self.pid, os.WNOHANG)[0]:
+                if time.monotonic() >= give_up:
+                    os.kill(self.pid, signal.SIGKILL)
+                    os.waitpid(self.pid, 0)
+                    break
+                time.sleep(0.05)
+        except ChildProcessError:
+            pass  # reaped already (reap)
+        self.pid = 0

@@ -87,6 +87,7 @@ def server_settings(opts):
 class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, Persistence, Durability):
     def __init__(self, plan, index, restarted, log):
         self.plan = plan
+        self.lane = None  # the forward lane (workers/fastlane.py), once on: _lane_on_when_ready
         self.opts = plan.opts
         self.index = index
         self.log = log
@@ -186,18 +187,30 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         for fd in (self.pump.epfd, self.links.eventfd(self.index), self.inbox.fileno()):
             self.loop.keep_on_error(fd)
         self.loop.add_idle(self._idle)
-        # the lane: forwards, and the own path (with one worker there is nothing to forward: the own path alone)
-        self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
-                             {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
-                             self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
-                             self.own_path)
-        self.loop.fast_poll = self.lane.poll
+        self._lane_on_when_ready()
         self._load_mark = (time.process_time(), time.monotonic())
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
         gc.collect()
         gc.freeze()  # start-up's objects (modules, numba's dispatchers) leave the collector's passes for good
         os.write(ready_fd, b"w")
         self.loop.run()
+
+    def _lane_on_when_ready(self):
+        """Switch the forward lane on (forwards, and the own path; with one worker there is nothing to forward: the
+        own path alone) once its kernels are compiled: at once, but after a first start only when the supervisor's
+        background compile is done (workers/warmup.py Background; until then the loop's Python path does the same
+        work), checked again every period. Loading its kernels from numba's cache then takes milliseconds."""
+        background = self.plan.background
+        if self.lane is not None or (background is not None and not background.ready()):
+            return
+        if background is not None:
+            background.load()
+            self.log.info(f"worker {self.index}: forward lane on")
+        self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
+                             {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
+                             self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
+                             self.own_path)
+        self.loop.fast_poll = self.lane.poll
 
     def stop(self):
         if self._stopping:
@@ -260,6 +273,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         cpu, now = time.process_time(), time.monotonic()
         self._publish_load(cpu - self._load_mark[0], now - self._load_mark[1])
         self._load_mark = (cpu, now)
+        self._lane_on_when_ready()
         self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
 
     def _publish_load(self, cpu_s, wall_s):

@@ -5,8 +5,12 @@ takes that path: a stall of a few hundred milliseconds for every connection of t
 a latency run once measured 1 s at p99). numba writes each compiled signature to its cache directory at once, so
 a file appearing there while clients publish, consume, FIN, REQ, TOUCH and read /stats is a signature the
 warm-up lacks. Each reply below is the sync point: the kernel that served it was compiled (and saved) before it.
+The forward lane is the exception: a first start compiles it in a background process after listening
+(workers/warmup.py DEFERRED), and the workers then load it.
 """
 import json
+import os
+import signal
 import urllib.request
 from pathlib import Path
 
@@ -35,17 +39,54 @@ def _fin_batch(address):
         assert [m.body for m in c.read_messages(1)] == [b"last"]
 
 
-def test_no_kernel_compiles_after_listening(nsqd_factory, tmp_path, monkeypatch):
-    cache_home = tmp_path / "cache"
-    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
-    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    nsqd = nsqd_factory()
-    assert "compiling the broker's kernels" in nsqd.output()  # a first start says so
-    before = _compiled(cache_home)
-    assert before  # the warm-up filled the cache
+def _traffic(nsqd):
     warm_up(nsqd.address, topics=4)  # PUB, MPUB, DPUB, SUB, RDY, FIN, REQ, TOUCH on every worker
     _fin_batch(nsqd.address)
     host, port = nsqd.http_address
     with urllib.request.urlopen(f"http://{host}:{port}/stats?format=json", timeout=60) as r:
         assert json.load(r)["topics"]
-    assert sorted(_compiled(cache_home) - before) == []
+
+
+def test_no_kernel_compiles_after_listening(nsqd_factory, tmp_path, monkeypatch):
+    """A first start listens before the forward lane is compiled: the workers serve on the loop's Python path
+    meanwhile, which compiles nothing (the background compile is stopped to hold that state), and once the lane's
+    kernels are in the cache they load them and switch it on, compiling nothing either."""
+    cache_home = tmp_path / "cache"
+    monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    nsqd = nsqd_factory()
+    assert "compiling the broker's kernels" in nsqd.output()  # a first start says so
+    compiler = int(nsqd.wait_for_line(r"compiling the forward lane in the background \(pid (\d+)\)").group(1))
+    os.kill(compiler, signal.SIGSTOP)
+    try:
+        assert "compiled the forward lane" not in nsqd.output() and "forward lane on" not in nsqd.output()
+        before = _compiled(cache_home)
+        assert before  # the warm-up filled the cache
+        _traffic(nsqd)
+        assert sorted(_compiled(cache_home) - before) == []
+    finally:
+        os.kill(compiler, signal.SIGCONT)
+    nsqd.wait_for_line("compiled the forward lane's kernels in the background", timeout=600)
+    for w in range(2):
+        nsqd.wait_for_line(f"worker {w}: forward lane on", timeout=60)
+    lane = _compiled(cache_home)
+    assert lane - before  # the background compile added the lane's kernels
+    _traffic(nsqd)
+    assert sorted(_compiled(cache_home) - lane) == []
+
+
+def test_a_broker_stopped_right_after_its_first_start_leaves_the_lane_compiled(nsqd_factory, tmp_path,
+                                                                               monkeypatch):
+    """Stopping waits for the background compile, so the next start is warm and its workers start with the lane
+    (a broker stopped seconds after each start, as a test's is, would otherwise never get it)."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    first = nsqd_factory()
+    first.wait_for_line("compiling the forward lane in the background")
+    assert first.stop() == 0
+    assert "compiled the forward lane's kernels in the background" in first.output()
+    second = nsqd_factory()
+    assert "compiling" not in second.output() and "forward lane on" not in second.output()
+    with Conn(second.address) as p:  # served (the lane's own path: the owner's own PUB)
+        p.send(C.pub(unique(), b"m"))
+        p.expect_response(b"OK")
