@@ -27,6 +27,7 @@ warm-up's queue does to its compiling processes (each free process takes the nex
 starting once those it waits for are done; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and
 takes when the last one finishes: the
 warm-up phase on a host with P cores as fast as this one's, if compiling processes do not slow each other down.
+`predicted_all_steps_s` is the same with every step waited for (nsqd before it deferred any).
 Kernels that several steps share compile once per process that needs them, so the P = 1 figure overstates a
 serial warm-up; P = 2 is the one to hold against this host's measured `cold_kernels_s`.
 
@@ -138,6 +139,13 @@ def predicted_kernels_s(seconds, processes, waits=None):
     return max(free_at)
 
 
+def predictions(steps):
+    """{P: predicted_kernels_s} for these timed steps (a subset of --steps: waits for steps not timed count 0)."""
+    at = {x["index"]: k for k, x in enumerate(steps)}
+    waits = {k: [at[j] for j in x["waits"] if j in at] for k, x in enumerate(steps)}
+    return {p: round(predicted_kernels_s([x["s"] for x in steps], p, waits), 2) for p in (1, 2, 4, 16, 64)}
+
+
 def steps_main(opts):
     if opts.steps == "all":
         indices = range(step_cost(REPO, "count")["steps"])
@@ -150,11 +158,8 @@ def steps_main(opts):
                       "deferred": got.get("deferred", False)})
         log(f"step {i} {got['name']}: {got['s']:.2f}s" + (" (after listening)" if got.get("deferred") else ""))
     waited = [x for x in steps if not x["deferred"]]  # nsqd listens once these are done
-    seconds = [x["s"] for x in waited]
-    at = {x["index"]: k for k, x in enumerate(waited)}  # (a subset of --steps: waits for steps not timed count 0)
-    waits = {k: [at[j] for j in x["waits"] if j in at] for k, x in enumerate(waited)}
     result = dict(environment(), tool="first_start", mode="steps", steps=steps,
-                  predicted_kernels_s={p: round(predicted_kernels_s(seconds, p, waits), 2) for p in (1, 2, 4, 16, 64)})
+                  predicted_kernels_s=predictions(waited), predicted_all_steps_s=predictions(steps))
     emit(result, opts.out)
 
 

@@ -179,6 +179,15 @@ def test_first_start_prediction_hands_each_step_to_the_first_free_process():
     assert first_start.predicted_kernels_s([5, 4, 2, 3], 64, waits={2: (1,)}) == 6
 
 
+def test_first_start_predicts_listening_without_the_deferred_steps():
+    """predictions() maps the steps' own indices (and waits) onto a subset: the steps nsqd waits for."""
+    steps = [{"index": 0, "s": 5, "waits": []}, {"index": 3, "s": 4, "waits": []},
+             {"index": 4, "s": 9, "waits": [0, 3]}, {"index": 5, "s": 1, "waits": []}]
+    assert first_start.predictions(steps)[64] == 14  # the 9 waits for the 5 and the 4
+    assert first_start.predictions([steps[0], steps[1], steps[3]])[64] == 5
+    assert first_start.predictions([steps[0], steps[1], steps[3]])[1] == 10
+
+
 def test_make_table_rewrites_only_between_the_markers(tmp_path):
     results = tmp_path / "results"
     results.mkdir()
