@@ -198,7 +198,8 @@ def main(argv=None):
         return 1
     sup.cleanups.append(lambda: plan.destroy() if sup.clean_exit else plan.keep())
     if plan.background is not None:
-        sup.cleanups.append(lambda: plan.background.finish(log))
+        # last (cleanups run last first): the workers have saved their messages and nsqd.dat is written by then
+        sup.cleanups.insert(0, lambda: plan.background.finish(log))
         sup.periodic.append(plan.background.reap)
     # cleanups run last first: nsqd.dat before the journals go; only once the broker ran (a start that failed
     # half-way must not replace a good nsqd.dat by what its workers had loaded so far)

@@ -341,7 +341,7 @@ def _write_mark():
 # first start's compiling; until it is in numba's cache the workers use the loop's Python path (Worker.lane_poll).
 DEFERRED = (fastlane.warm_up,)
 BACKGROUND_NICE = 10  # the background compile yields to a loaded broker's processes (it still gets ~10% of a core)
-FINISH_TIMEOUT = 120.0  # seconds a stopping nsqd waits for it (Background.finish)
+FINISH_TIMEOUT = 60.0  # seconds a stopping nsqd waits for it, its last step (Background.finish)
 
 
 class Background:

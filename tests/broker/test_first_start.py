@@ -72,6 +72,11 @@ def test_no_kernel_compiles_after_listening(nsqd_factory, tmp_path, monkeypatch)
     lane = _compiled(cache_home)
     assert lane - before  # the background compile added the lane's kernels
     _traffic(nsqd)
+    # a worker's replacement (forked from the supervisor, which never loaded the lane) loads it at its start
+    seen = len(nsqd.output().splitlines())
+    os.kill(int(nsqd.wait_for_line(r"worker 0: started \(pid (\d+)\)").group(1)), signal.SIGKILL)
+    nsqd.wait_for_line("worker 0: forward lane on", timeout=120, start=seen)
+    _traffic(nsqd)
     assert sorted(_compiled(cache_home) - lane) == []
 
 
