@@ -18,8 +18,11 @@ uses MSG_NOSIGNAL so a peer that went away is an EPIPE, never a SIGPIPE.
 a small index, stored little-endian). `events_buffer(n)` makes room for n of them; `event_mask` and
 `event_data` read the i-th; `epoll_add`/`epoll_modify` write one and register it.
 
-numba keys a cached function on its own file only: after changing an @njit helper here, delete numba's cache
-(the directory `ipc.numba_cache` chose) or the loops that inline it keep the old copy.
+The helpers carry no signature and are inlined (numba's inline="always") into the kernels that call them, so
+none compiles when this module is imported: with signatures, numba compiled each of these one-liners on its own,
+one after the other, while nsqd imported its modules, before its parallel compile could start (a first start's
+imports took over a second longer than a warm start's). Python calls `events_buffer` only; the rest are called
+from kernels. A helper's arrays are uint8 buffers (`BYTES` names that type for the loops' own signatures).
 """
 
 from __future__ import annotations
@@ -27,7 +30,7 @@ from __future__ import annotations
 import ctypes
 
 import numpy as np
-from numba import boolean, float64, int64, njit, types, uint8
+from numba import njit, types, uint8
 from numba.core.typing.ctypes_utils import from_ctypes
 
 from ipc.numba_cache import JIT, JIT_CALLEE
@@ -67,22 +70,22 @@ write = _extern("write", ctypes.c_ssize_t, _int, _ptr, _size)
 _errno_location = _extern("__errno_location", ctypes.POINTER(ctypes.c_int))
 
 
-BYTES = uint8[::1]     # the one buffer type every helper takes: a writable, contiguous uint8 array
+BYTES = uint8[::1]     # a writable, contiguous uint8 array: the buffers the helpers take
 
 
-@njit(int64(), **JIT)
+@njit(inline="always", **JIT)
 def errno() -> int:
     """The calling thread's errno, as left by the last failed call."""
     return _errno_location()[0]
 
 
-@njit(boolean(), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def _would_block() -> bool:
     code = errno()
     return code == EAGAIN or code == EINTR
 
 
-@njit(float64(), **JIT)
+@njit(inline="always", **JIT)
 def monotonic() -> float:
     """CLOCK_MONOTONIC in seconds: the clock of Python's time.monotonic() (a vDSO call, tens of ns)."""
     ts = np.zeros(2, np.int64)   # struct timespec {tv_sec, tv_nsec}
@@ -90,7 +93,7 @@ def monotonic() -> float:
     return ts[0] + ts[1] * 1e-9
 
 
-@njit(int64(), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def realtime_ns() -> int:
     """CLOCK_REALTIME in nanoseconds: Python's time.time_ns()."""
     ts = np.zeros(2, np.int64)
@@ -98,26 +101,26 @@ def realtime_ns() -> int:
     return ts[0] * 1_000_000_000 + ts[1]
 
 
-@njit(int64(int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def eventfd_signal(fd: int) -> int:
     """Add 1 to an eventfd (os.eventfd_write(fd, 1)): 8 on success, -1 on an error (a full counter: EAGAIN)."""
     one = np.ones(1, np.int64)
     return write(fd, one.ctypes.data, 8)
 
 
-@njit(BYTES(int64), **JIT)
+@njit(inline="always", **JIT)
 def events_buffer(n: int) -> np.ndarray:
     return np.zeros(n * EVENT_SIZE, np.uint8)
 
 
-@njit(int64(BYTES, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def event_mask(events: np.ndarray, i: int) -> int:
     at = i * EVENT_SIZE
     return (np.int64(events[at]) | np.int64(events[at + 1]) << 8 | np.int64(events[at + 2]) << 16
             | np.int64(events[at + 3]) << 24)
 
 
-@njit(int64(BYTES, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def event_data(events: np.ndarray, i: int) -> int:
     """The user data of the i-th event (the low 32 bits: an index is all we ever store)."""
     at = i * EVENT_SIZE + 4
@@ -125,7 +128,7 @@ def event_data(events: np.ndarray, i: int) -> int:
             | np.int64(events[at + 3]) << 24)
 
 
-@njit(int64(int64, int64, int64, int64, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def _epoll_set(epfd: int, op: int, fd: int, mask: int, data: int) -> int:
     event = np.zeros(EVENT_SIZE, np.uint8)
     for k in range(4):
@@ -134,22 +137,22 @@ def _epoll_set(epfd: int, op: int, fd: int, mask: int, data: int) -> int:
     return epoll_ctl(epfd, op, fd, event.ctypes.data)
 
 
-@njit(int64(int64, int64, int64, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def epoll_add(epfd: int, fd: int, mask: int, data: int) -> int:
     return _epoll_set(epfd, EPOLL_CTL_ADD, fd, mask, data)
 
 
-@njit(int64(int64, int64, int64, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def epoll_modify(epfd: int, fd: int, mask: int, data: int) -> int:
     return _epoll_set(epfd, EPOLL_CTL_MOD, fd, mask, data)
 
 
-@njit(int64(int64, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def epoll_remove(epfd: int, fd: int) -> int:
     return epoll_ctl(epfd, EPOLL_CTL_DEL, fd, 0)
 
 
-@njit(int64(int64, BYTES, int64, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def send_from(fd: int, buf: np.ndarray, start: int, n: int) -> int:
     """send(2) of buf[start:start+n]: bytes sent, 0 when the socket is full (EAGAIN), -1 on any other error."""
     sent = send(fd, buf.ctypes.data + start, n, MSG_NOSIGNAL)
@@ -158,7 +161,7 @@ def send_from(fd: int, buf: np.ndarray, start: int, n: int) -> int:
     return sent
 
 
-@njit(int64(int64, BYTES, int64, int64), **JIT)
+@njit(inline="always", **JIT)
 def recv_into(fd: int, buf: np.ndarray, start: int, n: int) -> int:
     """recv(2) into buf[start:start+n]: bytes read, 0 when the peer closed, -1 when nothing is there yet
     (EAGAIN), -2 on any other error."""
@@ -168,7 +171,7 @@ def recv_into(fd: int, buf: np.ndarray, start: int, n: int) -> int:
     return got
 
 
-@njit(int64(BYTES, int64), **JIT_CALLEE)
+@njit(inline="always", **JIT_CALLEE)
 def be32(buf: np.ndarray, at: int) -> int:
     """The big-endian uint32 at buf[at:at+4] (V2's frame and body sizes)."""
     return (np.int64(buf[at]) << 24 | np.int64(buf[at + 1]) << 16 | np.int64(buf[at + 2]) << 8
