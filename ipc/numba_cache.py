@@ -25,13 +25,21 @@ directory lacks.
 
 An explicit ``NUMBA_CACHE_DIR`` in the environment wins (an operator's choice); this is the one place below an
 entry point that reads the environment, because numba itself reads it at import time.
+
+Every edit, upgrade or second checkout leaves a directory of a few MB behind, so ``prune`` (called by a first
+start's warm-up) removes the sibling directories of ours that no start used for PRUNE_AFTER_S: the newest of a
+directory's own time and its warm-up mark's, which every start touches (``workers/warmup.py``). Only a directory
+this module chose is pruned around, never around an operator's ``NUMBA_CACHE_DIR``.
 """
 from __future__ import annotations
 
 import hashlib
 import os
+import re
+import shutil
 import sys
 import tempfile
+import time
 from pathlib import Path
 
 __all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JIT_CALLEE", "source_roots"]
@@ -49,6 +57,9 @@ JIT_CALLEE = dict(JIT, no_cpython_wrapper=True)
 CACHE_DIR: str | None = None
 CACHE_ENABLED: bool = False
 KERNEL_CACHE: bool = False
+CHOSEN_HERE: bool = False  # CACHE_DIR is one of ours (not NUMBA_CACHE_DIR from the environment): prune may run
+PRUNE_AFTER_S = 30 * 86400  # a sibling directory of ours that no start used for this long is removed (prune)
+_LEAF = re.compile(r"^.+-py\d+\.\d+-numba[^-]+-[0-9a-f]{12}$")  # configure()'s directory names
 
 
 def source_roots() -> list[Path]:
@@ -95,10 +106,11 @@ def _candidates(leaf: str):
 
 def configure() -> str | None:
     """Choose and install the cache directory; idempotent. Returns the directory, or None if caching is off."""
-    global CACHE_DIR, CACHE_ENABLED, KERNEL_CACHE
+    global CACHE_DIR, CACHE_ENABLED, KERNEL_CACHE, CHOSEN_HERE
     if CACHE_DIR is not None or CACHE_ENABLED:
         return CACHE_DIR
     chosen = os.environ.get("NUMBA_CACHE_DIR")
+    CHOSEN_HERE = not chosen
     if not chosen:
         import numba  # version only; compiling nothing
         leaf = "{}-py{}.{}-numba{}-{}".format(_package_version(), sys.version_info[0], sys.version_info[1],
@@ -111,3 +123,33 @@ def configure() -> str | None:
     CACHE_DIR, CACHE_ENABLED = chosen, bool(chosen)
     KERNEL_CACHE = CACHE_ENABLED
     return CACHE_DIR
+
+
+def last_used(path: Path, mark: str) -> float:
+    """The newest of the directory's modification time and its ``mark`` file's (0 if the directory is gone)."""
+    times = []
+    for p in (path, path / mark):
+        try:
+            times.append(p.stat().st_mtime)
+        except OSError:
+            pass
+    return max(times, default=0.0)
+
+
+def prune(mark: str, older_than_s: float = PRUNE_AFTER_S, now: float | None = None) -> list[str]:
+    """Remove the siblings of CACHE_DIR named as configure() names them whose ``last_used`` is older than
+    ``older_than_s``; -> the paths removed. Nothing when CACHE_DIR is not one this module chose."""
+    if not CHOSEN_HERE or not CACHE_DIR:
+        return []
+    now = time.time() if now is None else now
+    here = Path(CACHE_DIR)
+    removed = []
+    try:
+        siblings = [p for p in here.parent.iterdir() if p != here and p.is_dir() and _LEAF.match(p.name)]
+    except OSError:
+        return []
+    for p in siblings:
+        if now - last_used(p, mark) > older_than_s:
+            shutil.rmtree(p, ignore_errors=True)
+            removed.append(str(p))
+    return removed

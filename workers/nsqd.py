@@ -33,7 +33,7 @@ from workers.salvage import SalvageError, salvage
 from workers.scanner import scanner_main
 from workers.supervisor import Supervisor
 from workers.tls_context import server_context
-from workers.warmup import warm_up
+from workers.warmup import mark_keeper, warm_up
 from workers.worker import EXIT_UNSAVED, worker_main
 gc.freeze()
 if _collecting:
@@ -215,6 +215,7 @@ def main(argv=None):
     if not sup.wait_ready():  # the others
         return _failed_start(sup, log)
     sup.periodic.append(sync.poll)
+    sup.periodic.append(mark_keeper())  # the kernel cache of a broker running for months stays "in use"
     if http_sock is not None:
         log.info(f"HTTP: listening on {shown_address(http_sock)}")
     if https_sock is not None:

@@ -290,8 +290,8 @@ def _mark_path():
 
 
 def cache_is_cold():
-    """True when no warm-up has completed with numba's cache directory of this version (a first start): some
-    kernels compile at import, so the directory is never empty by then; a mark file says when it is complete."""
+    """True when no warm-up has completed with numba's cache directory of this version (a first start): a mark
+    file there says when one has (each start touches it, for ``ipc.numba_cache.prune``)."""
     path = _mark_path()
     return path is not None and not os.path.exists(path)
 
@@ -312,6 +312,7 @@ def warm_up(prefix, log=None, processes=None, defer=True):
         if log is not None:
             log.info(f"compiling the broker's kernels for this version ({processes} processes; the first start "
                      f"after an install or upgrade only)")
+        _prune(log)
         if later:
             background = Background.start(steps, later, done, log)
         if processes > 1:
@@ -321,24 +322,54 @@ def warm_up(prefix, log=None, processes=None, defer=True):
             step()
             done[i] = 1
     if background is None:
-        _write_mark()
+        touch_mark()
     return background
 
 
-def _write_mark():
+def touch_mark(create=True):
+    """Mark the warm-up complete (``create``), or only refresh an existing mark's time: the cache is in use."""
     path = _mark_path()
-    if path is not None and not os.path.exists(path):
-        try:
-            with open(path, "w"):
-                pass
-        except OSError:
-            pass  # a read-only cache: the next start compiles in parallel again, nothing worse
+    if path is None or not (create or os.path.exists(path)):
+        return
+    try:
+        with open(path, "a"):
+            pass
+        os.utime(path)
+    except OSError:
+        pass  # a read-only cache: the next start compiles in parallel again, nothing worse
+
+
+MARK_REFRESH_S = 86400.0  # how often a running broker refreshes the mark (mark_keeper)
+
+
+def mark_keeper(period_s=MARK_REFRESH_S):
+    """-> a hook for the supervisor's periodic calls that refreshes an existing mark once a period, so that the
+    cache of a broker running for months never looks unused to another install's first start (``_prune``)."""
+    due = [time.monotonic() + period_s]
+
+    def keep():
+        now = time.monotonic()
+        if now >= due[0]:
+            due[0] = now + period_s
+            touch_mark(create=False)
+    return keep
+
+
+def _prune(log):
+    """A first start removes the cache directories of other versions or sources that no start used for a month
+    (``ipc.numba_cache.prune``: each is a few MB, and every upgrade leaves one)."""
+    from ipc import numba_cache
+    removed = numba_cache.prune(WARM_MARK)
+    if removed and log is not None:
+        log.info(f"removed {len(removed)} numba cache directories no start used for "
+                 f"{numba_cache.PRUNE_AFTER_S // 86400:.0f} days, beside {numba_cache.CACHE_DIR}")
 
 
 # Steps for paths that only make the broker faster, beside a Python path that does the same: on a first start
 # they compile in a background process and nsqd listens without waiting for them. The forward lane (workers/
 # fastlane.py: the forwards of lone PUBs and the owner's own path) is the costliest step by far, a quarter of a
-# first start's compiling; until it is in numba's cache the workers use the loop's Python path (Worker.lane_poll).
+# first start's compiling; until it is in numba's cache the workers use the loop's Python path
+# (Worker._lane_on_when_ready).
 DEFERRED = (fastlane.warm_up,)
 BACKGROUND_NICE = 10  # the background compile yields to a loaded broker's processes (it still gets ~10% of a core)
 FINISH_TIMEOUT = 60.0  # seconds a stopping nsqd waits for it, its last step (Background.finish)
@@ -374,7 +405,7 @@ class Background:
                 for i in indices:
                     _wait_for(done, waits.get(i, ()))
                     steps[i]()
-                _write_mark()
+                touch_mark()
                 flag[0] = 1
                 if log is not None:
                     log.info(f"compiled the forward lane's kernels in the background in {time.monotonic() - t0:.1f}s"

@@ -11,6 +11,7 @@ The forward lane is the exception: a first start compiles it in a background pro
 import json
 import os
 import signal
+import time
 import urllib.request
 from pathlib import Path
 
@@ -86,12 +87,19 @@ def test_a_broker_stopped_right_after_its_first_start_leaves_the_lane_compiled(n
     (a broker stopped seconds after each start, as a test's is, would otherwise never get it)."""
     monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    old = tmp_path / "cache" / "nsqpy" / "0.0.1-py3.11-numba0.60.0-0123456789ab"  # an earlier version's kernels
+    old.mkdir(parents=True)
+    os.utime(old, (time.time() - 40 * 86400,) * 2)
     first = nsqd_factory()
     first.wait_for_line("compiling the forward lane in the background")
+    assert "removed 1 numba cache directories no start used for 30 days" in first.output() and not old.exists()
     assert first.stop() == 0
     assert "compiled the forward lane's kernels in the background" in first.output()
+    mark = next((tmp_path / "cache" / "nsqpy").glob("*/.nsqpy-warmed"))
+    os.utime(mark, (time.time() - 40 * 86400,) * 2)
     second = nsqd_factory()
     assert "compiling" not in second.output() and "forward lane on" not in second.output()
+    assert time.time() - mark.stat().st_mtime < 86400  # a warm start touches the mark: its cache is in use
     with Conn(second.address) as p:  # served (the lane's own path: the owner's own PUB)
         p.send(C.pub(unique(), b"m"))
         p.expect_response(b"OK")

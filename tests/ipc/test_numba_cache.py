@@ -90,3 +90,29 @@ def test_the_directory_changes_with_any_source_edit_and_with_the_code_location(t
     # the same sources elsewhere (another checkout or venv): numba's entries there are keyed by their own paths
     b = _sources_hash(_tree(tmp_path / "b", "import numba\nK = 1\n"))
     assert b != a
+
+
+def _aged(path, days, now):
+    path.mkdir(parents=True, exist_ok=True)
+    os.utime(path, (now - days * 86400, now - days * 86400))
+    return path
+
+
+def test_prune_removes_only_our_sibling_directories_unused_for_a_month(tmp_path, monkeypatch):
+    """Unused: the newer of the directory's time and its warm-up mark's (every start touches the mark)."""
+    from ipc import numba_cache as c
+    now = time.time()
+    base = tmp_path / "nsqpy"
+    here = _aged(base / "0.2.0-py3.11-numba0.68.1-aaaaaaaaaaaa", 90, now)  # the one in use: never removed
+    stale = _aged(base / "0.1.0-py3.11-numba0.68.1-0123456789ab", 31, now)
+    recent = _aged(base / "0.1.0-py3.11-numba0.68.1-ba9876543210", 29, now)
+    used = _aged(base / "dev-py3.11-numba0.68.1-cccccccccccc", 90, now)
+    (used / ".mark").touch()  # touched by a start now: its directory's own time is old
+    _aged(used, 90, now)
+    foreign = _aged(base / "notes", 90, now)  # not a name configure() gives
+    monkeypatch.setattr(c, "CACHE_DIR", str(here))
+    monkeypatch.setattr(c, "CHOSEN_HERE", True)
+    assert c.prune(".mark", now=now) == [str(stale)]
+    assert sorted(p.name for p in base.iterdir()) == sorted(p.name for p in (here, recent, used, foreign))
+    monkeypatch.setattr(c, "CHOSEN_HERE", False)  # an operator's NUMBA_CACHE_DIR: nothing around it is ours
+    assert c.prune(".mark", older_than_s=0, now=now) == []
