@@ -88,6 +88,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
     def __init__(self, plan, index, restarted, log):
         self.plan = plan
         self.lane = None  # the forward lane (workers/fastlane.py), once on: _lane_on_when_ready
+        self._lane_failed = False
         self.opts = plan.opts
         self.index = index
         self.log = log
@@ -201,10 +202,15 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         background compile is done (workers/warmup.py Background; until then the loop's Python path does the same
         work), checked again every period. Loading its kernels from numba's cache then takes milliseconds."""
         background = self.plan.background
-        if self.lane is not None or (background is not None and not background.ready()):
+        if self.lane is not None or self._lane_failed or (background is not None and not background.ready()):
             return
         if background is not None:
-            background.load()
+            try:
+                background.load()
+            except Exception as e:  # e.g. no file descriptor left for the lane's throwaway sockets: not again
+                self._lane_failed = True
+                self.log.error(f"worker {self.index}: cannot load the forward lane ({e!r}); going on without it")
+                return
             self.log.info(f"worker {self.index}: forward lane on")
         self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
                              {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
