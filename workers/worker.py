@@ -211,7 +211,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
                 self._lane_failed = True
                 self.log.error(f"worker {self.index}: cannot load the forward lane ({e!r}); going on without it")
                 return
-            self.log.info(f"worker {self.index}: forward lane on")
+            self.log.debug(f"worker {self.index}: forward lane on")
         self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
                              {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
                              self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,

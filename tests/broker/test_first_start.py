@@ -55,7 +55,7 @@ def test_no_kernel_compiles_after_listening(nsqd_factory, tmp_path, monkeypatch)
     cache_home = tmp_path / "cache"
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
-    nsqd = nsqd_factory()
+    nsqd = nsqd_factory("--log-level=debug")  # each worker says when it switches the lane on
     assert "compiling the broker's kernels" in nsqd.output()  # a first start says so
     compiler = int(nsqd.wait_for_line(r"compiling the forward lane in the background \(pid (\d+)\)").group(1))
     os.kill(compiler, signal.SIGSTOP)
@@ -97,8 +97,8 @@ def test_a_broker_stopped_right_after_its_first_start_leaves_the_lane_compiled(n
     assert "compiled the forward lane's kernels in the background" in first.output()
     mark = next((tmp_path / "cache" / "nsqpy").glob("*/.nsqpy-warmed"))
     os.utime(mark, (time.time() - 40 * 86400,) * 2)
-    second = nsqd_factory()
-    assert "compiling" not in second.output() and "forward lane on" not in second.output()
+    second = nsqd_factory("--log-level=debug")
+    assert "compiling" not in second.output() and "forward lane on" not in second.output()  # on from the start
     assert time.time() - mark.stat().st_mtime < 86400  # a warm start touches the mark: its cache is in use
     with Conn(second.address) as p:  # served (the lane's own path: the owner's own PUB)
         p.send(C.pub(unique(), b"m"))
