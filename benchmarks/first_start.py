@@ -19,15 +19,15 @@ no list for it.
 
 --steps measures what a first start's compile costs on a host with more cores: each warm-up step
 (workers/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
-cache (its imports, which compile the kernels loaded at import, are not counted). `steps` lists the seconds per
+cache (its imports are not counted). `steps` lists the seconds per
 step (a step the warm-up makes wait for others, ``warmup.WAITS_FOR``, is timed after they ran in the same process:
 `waits` lists their indices); `predicted_kernels_s` hands them out, but for the steps nsqd does not wait for (a
 first start compiles ``warmup.DEFERRED`` in the background after it listens: ``deferred`` true), as the
 warm-up's queue does to its compiling processes (each free process takes the next step in order, a waiting one
 starting once those it waits for are done; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and
-takes when the last one finishes: the
-warm-up phase on a host with P cores as fast as this one's, if compiling processes do not slow each other down.
-`predicted_all_steps_s` is the same with every step waited for (nsqd before it deferred any).
+takes when the last one finishes: the warm-up phase on a host with P cores as fast as this one's, if compiling
+processes do not slow each other down. `predicted_all_steps_s` is the same with every step waited for (nsqd
+before it deferred any).
 Kernels that several steps share compile once per process that needs them, so the P = 1 figure overstates a
 serial warm-up; P = 2 is the one to hold against this host's measured `cold_kernels_s`.
 

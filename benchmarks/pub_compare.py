@@ -84,15 +84,15 @@ def parser() -> argparse.ArgumentParser:
     return p
 
 
-def go_load(path: str, address: str, connections: int, opts) -> dict:
+def go_load(address: str, connections: int, opts) -> dict:
+    argv = [opts.go_bench_writer, f"--nsqd-tcp-address={address}", f"--batch-size={opts.batch_size}",
+            f"--size={opts.size}", f"--runfor={opts.runfor}s", f"--topic={TOPIC}"]
+    return go_summary(argv, "go bench_writer", connections, opts)
+
+
+def go_summary(argv: list[str], tool: str, connections: int, opts) -> dict:
+    """Run one of NSQ's Go bench tools (one connection per GOMAXPROCS) and read its closing summary line."""
     env = {**os.environ, "GOMAXPROCS": str(connections)}
-    argv = [path, f"--nsqd-tcp-address={address}", f"--batch-size={opts.batch_size}", f"--size={opts.size}",
-            f"--runfor={opts.runfor}s", f"--topic={TOPIC}"]
-    return go_summary(argv, env, "go bench_writer", connections, opts)
-
-
-def go_summary(argv: list[str], env: dict, tool: str, connections: int, opts) -> dict:
-    """Run one of NSQ's Go bench tools and read its closing summary line."""
     done = subprocess.run(argv, env=env, capture_output=True, text=True, timeout=opts.runfor + 120)
     match = GO_SUMMARY.search(done.stdout + done.stderr)
     if done.returncode != 0 or match is None:
@@ -102,10 +102,9 @@ def go_summary(argv: list[str], env: dict, tool: str, connections: int, opts) ->
 
 
 def go_read(address: str, connections: int, opts) -> dict:
-    env = {**os.environ, "GOMAXPROCS": str(connections)}
     argv = [opts.go_bench_reader, f"--nsqd-tcp-address={address}", f"--size={opts.size}", f"--rdy={opts.rdy}",
             f"--runfor={opts.runfor}s", f"--topic={TOPIC}", f"--channel={CHANNEL}"]
-    return go_summary(argv, env, "go bench_reader", connections, opts)
+    return go_summary(argv, "go bench_reader", connections, opts)
 
 
 def own_read(address: str, connections: int, opts) -> dict:
@@ -127,14 +126,11 @@ def preload(address: tuple[str, int], count: int, size: int) -> Connection:
     full = client.mpub(TOPIC, [b"x" * size] * PRELOAD_BATCH)
     left = count
     while left:
-        batches = min(PRELOAD_WINDOW, left // PRELOAD_BATCH) or 1
-        if left < PRELOAD_BATCH:  # the remainder, alone
-            producer.send(client.mpub(TOPIC, [b"x" * size] * left))
-        else:
-            producer.send(full * batches)
-        for _ in range(batches):
+        n = min(PRELOAD_WINDOW, left // PRELOAD_BATCH)
+        producer.send(full * n if n else client.mpub(TOPIC, [b"x" * size] * left))  # n 0: the remainder
+        for _ in range(max(n, 1)):
             producer.expect_ok("MPUB")
-        left -= min(left, batches * PRELOAD_BATCH)
+        left -= n * PRELOAD_BATCH if n else left
     producer.close()
     return holder
 
@@ -187,13 +183,7 @@ def one_run(name: str, command: str, cwd: str, connections: int, opts) -> dict:
             holder = preload(server.address, opts.read, opts.size) if opts.read else None
             pids = process_tree(server.proc.pid)
             before = cpu_seconds(pids)
-            if opts.read:
-                read = go_read if opts.go_bench_reader else own_read
-                result = read(server.address_text, connections, opts)
-            elif opts.go_bench_writer:
-                result = go_load(opts.go_bench_writer, server.address_text, connections, opts)
-            else:
-                result = own_load(server.address_text, connections, opts)
+            result = load_of(opts)[1](server.address_text, connections, opts)
             after = cpu_seconds(pids)
             if holder is not None:
                 holder.close()
@@ -221,10 +211,11 @@ def summarize(runs: list[dict], names: list[str], connections: list[int]) -> tup
     return medians, ratios
 
 
-def load_name(opts) -> str:
+def load_of(opts):
+    """-> (the load's name, the function that runs it against an address)."""
     if opts.read:
-        return "go bench_reader" if opts.go_bench_reader else "bench_reader"
-    return "go bench_writer" if opts.go_bench_writer else "bench_writer --driver=epoll"
+        return ("go bench_reader", go_read) if opts.go_bench_reader else ("bench_reader", own_read)
+    return ("go bench_writer", go_load) if opts.go_bench_writer else ("bench_writer --driver=epoll", own_load)
 
 
 def main(argv=None) -> int:
@@ -253,7 +244,7 @@ def main(argv=None) -> int:
     result = {"tool": "pub_compare", "servers": servers, "cwd": cwds, "rounds": opts.rounds,
               "runfor_s": opts.runfor, "size": opts.size, "batch_size": opts.batch_size,
               "connections": opts.connections,
-              "load": load_name(opts), "read_preload": opts.read, "rdy": opts.rdy if opts.read else None,
+              "load": load_of(opts)[0], "read_preload": opts.read, "rdy": opts.rdy if opts.read else None,
               "drained_runs": sum(bool(r["result"].get("drained")) for r in runs),
               "medians": medians, "ratios": ratios, "runs": runs,
               "server_cpu_us_per_msg": medians_of(runs, list(servers), opts.connections, "server_cpu_us_per_msg"),
