@@ -27,7 +27,7 @@ from ipc.atomics import py_load_acquire, py_store_release
 __all__ = [
     "CACHE_LINE", "LINE", "WORD", "HEADER_WORDS", "H_MAGIC", "H_VERSION", "H_SIZE", "H_PARAMS",
     "LayoutError", "align_up", "is_power_of_two", "magic", "words", "bytes_view", "line_words",
-    "stamp_header", "check_header",
+    "stamp_header", "check_header", "read_only",
 ]
 
 CACHE_LINE = 64
@@ -83,6 +83,17 @@ def words(buf, offset: int, nwords: int, what: str = "layout") -> np.ndarray:
 def bytes_view(buf, offset: int, nbytes: int, what: str = "layout") -> np.ndarray:
     view = _check_span(buf, offset, nbytes, what)
     return np.frombuffer(view, dtype=np.uint8, count=nbytes, offset=offset)
+
+
+def read_only(a: np.ndarray) -> np.ndarray:
+    """``a`` when it is read-only, else a read-only view of it. numba compiles a kernel once for read-only and
+    once for writable arrays: the wrappers whose kernels take a client's bytes (read-only) as well as a buffer
+    of ours pass both as read-only, so a first start compiles one of them (``workers/warmup.py``)."""
+    if not a.flags.writeable:
+        return a
+    view = a.view()
+    view.flags.writeable = False
+    return view
 
 
 def line_words(line: int) -> int:

@@ -66,7 +66,7 @@ import posix_ipc
 
 from ipc import msglog_kernels as K
 from ipc.atomics import py_load_acquire, py_store_release
-from ipc.layout import LayoutError, align_up, check_header, stamp_header, words
+from ipc.layout import LayoutError, align_up, check_header, read_only, stamp_header, words
 from ipc.msglog_layout import (BAD_POSITION, CH_ACTIVE, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, FULL, HDR,
                                MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
                                S_BACKLOG_SEQ, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES,
@@ -542,7 +542,7 @@ class MessageLog(LogCounters):
             not_before = self._zeros
         out = self._no_positions if positions is None else positions
         w = self.window
-        args = (src, offsets, lengths, timestamps, ids, not_before, n, out)
+        args = (read_only(src), offsets, lengths, timestamps, ids, not_before, n, out)
         status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         if status == NEED_SEGMENT:
             memory = self._providers[TIER_MEM]

@@ -75,7 +75,7 @@ from numba import njit
 from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc.atomics import copy_bytes, get_word, load_acquire, put_word, py_load_acquire, store_release
 from ipc.layout import (H_PARAMS, LINE, LINE_WORDS, align_up, bytes_view, check_header, is_power_of_two,
-                        line_words, magic, stamp_header, words)
+                        line_words, magic, read_only, stamp_header, words)
 
 __all__ = [
     "Ring", "RingError", "OK", "FULL", "TOO_BIG", "CORRUPT", "PAD", "HEADER_BYTES",
@@ -432,7 +432,7 @@ class Ring:
 
     def write(self, payload, rtype: int = 0) -> bool:
         """Write and commit one record; False if the ring is full (or its pages cannot be reserved)."""
-        src = np.frombuffer(payload, np.uint8) if not isinstance(payload, np.ndarray) else payload
+        src = read_only(payload if isinstance(payload, np.ndarray) else np.frombuffer(payload, np.uint8))
         self._check_record(src.size, rtype)
         self.out_of_pages = False
         while True:

@@ -58,7 +58,6 @@ from ipc import sysio as S
 from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.names import MAX_NAME_LENGTH
-from workers.records import pack_bodies  # noqa: F401 (warm-up imports it from here)
 
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left

@@ -27,6 +27,7 @@ from numba import njit
 
 from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc.atomics import copy_bytes, fence, load_acquire, store_release
+from ipc.layout import read_only
 from ipc.ring import P_WANT_ROOM
 
 FORWARD = 1
@@ -75,7 +76,7 @@ def pack_forward(out, name, src, offsets, lengths, timestamp_ns, defer_ms):
     """Write the FORWARD payload into out (a uint8 array of at least forward_size bytes); -> the payload view."""
     head = FWD_HEAD.pack(len(lengths), timestamp_ns, defer_ms, len(name)) + name
     out[:len(head)] = np.frombuffer(head, np.uint8)
-    return out[:pack_bodies(src, offsets, lengths, out, len(head))]
+    return out[:pack_bodies(read_only(src), offsets, lengths, out, len(head))]
 
 
 def forward_topic(payload):

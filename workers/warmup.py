@@ -32,7 +32,7 @@ from nsqpy.protocol.v2_parser import V2Parser
 from workers import fastlane, kernels as K, records, stats
 from workers.deferred import DeferredStore, LocalChunks
 from workers.handover import OwnerNaps
-from workers.pump import Pump, pack_bodies
+from workers.pump import Pump
 from workers.scanner import apply_removes, apply_starts
 
 ID = b"0123456789abcdef"
@@ -51,8 +51,7 @@ def _protocol():
 def _rings():
     buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
     ring = Ring.create(buf, 0, 1 << 12)
-    ring.write(b"abc", 1)
-    ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)  # writable payloads too (a forward's packing buffer)
+    ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)  # Ring.write passes any payload read-only
     ring.can_claim(3)
     Pending(buf, [ring.ctl]).which()
     ring.read_batch(16)
@@ -135,16 +134,10 @@ def _append(log, src):
                      np.array([1, 2], np.int64), None)
 
 
-def _log_append(prefix):
-    """The append of a writable source (the pump's buffer, a ring's): what the lane's own path calls."""
-    with _throwaway_log(f"{prefix}-warmup-append") as (log, _, _):
-        _append(log, np.frombuffer(b"hello world", np.uint8).copy())
-
-
 def _log(prefix):
     with _throwaway_log(f"{prefix}-warmup") as (log, ctrl_buf, memory):
         ch = log.open_channel()
-        _append(log, np.frombuffer(b"hello world", np.uint8))  # read-only: a client's bytes (_log_append: others)
+        _append(log, np.frombuffer(b"hello world", np.uint8).copy())  # MessageLog passes any source read-only
         b = log.read(ch, 8, 1 << 20)
         log.records_at(b.positions[:1])
         log.cursor(ch)
@@ -185,9 +178,8 @@ def _pump():
         select.select([here], [], [], 5)
         pump.read()
         out = np.empty(64, np.uint8)
-        pump.commit(lambda topic, buf, offsets, lengths: pack_bodies(buf, offsets, lengths, out, 0) > 0,
-                    lambda session, worker: None)
-        pack_bodies(np.frombuffer(b"xy", np.uint8), np.zeros(1, np.int64), np.ones(1, np.int64), out, 0)
+        pump.commit(lambda topic, buf, offsets, lengths: records.pack_forward(out, b"t", buf, offsets, lengths, 0, 0)
+                    .size > 0, lambda session, worker: None)
         there.recv(64)
         pump.remove(peer)
     finally:
@@ -206,20 +198,22 @@ def _persistence():
 
 
 def _steps(prefix):
-    """The warm-up steps, in the order the compiling processes take them: the costliest first, but the forward
-    lane's after the steps whose kernels it calls (it waits for them: ``dependencies``) and one more, so that on
-    2 cores the process that takes it finds them done."""
+    """The warm-up steps, in the order the compiling processes take them: the costliest first, but a step that
+    calls kernels of an earlier one late enough that, on 2 cores, it finds them in the cache instead of
+    compiling them at the same time in the other process: the log's after the delivery round's (the append), the
+    records' after the rings' (the ring's write), and the forward lane's after the steps whose kernels it calls
+    (it waits for them: ``dependencies``; on a cold cache it compiles in the background, after all of them)."""
     name = prefix.rstrip("-")
-    return [functools.partial(_log_append, name), functools.partial(_delivery, name), _pump,
-            functools.partial(_log, name), fastlane.warm_up, _inflight, _timers, records.warm_up, _rings, _deferred,
-            stats.warm_up, _protocol, _persistence, statrows.warm_up]
+    return [functools.partial(_delivery, name), _pump, _inflight, functools.partial(_log, name), fastlane.warm_up,
+            _rings, _timers, records.warm_up, _deferred, stats.warm_up, _protocol, _persistence, statrows.warm_up]
 
 
 # A step whose kernels call kernels of other steps waits for those when the steps compile in parallel, so that it
-# loads their kernels from the cache instead of compiling them again: the lane's kernel calls the log's append,
-# the delivery round's and the pump's kernels, and compiled alone it compiles them all
+# loads their kernels from the cache instead of compiling them again: the lane's kernel calls the log's append
+# (for a writable source: only the lane's compile has that one), the delivery round's and the pump's kernels, and
+# compiled alone it compiles them all
 # (benchmarks/results/first_start_steps_own.json against first_start_steps_wait.json; ARCHITECTURE.md, warmup.py)
-WAITS_FOR = {fastlane.warm_up: (_log_append, _delivery, _pump)}
+WAITS_FOR = {fastlane.warm_up: (_delivery, _pump)}
 
 
 def _function(step):
