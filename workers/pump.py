@@ -53,6 +53,7 @@ import time
 import numpy as np
 from numba import int64, njit
 
+from ipc.layout import read_only
 from ipc.numba_cache import JIT, JIT_CALLEE
 from ipc import sysio as S
 from nsqpy.protocol.errors import MpubFailed, PubFailed
@@ -352,6 +353,7 @@ class Pump:
         self.ep = select.epoll()
         self.epfd = self.ep.fileno()
         self.buf = np.empty(BUFFER_SIZE, np.uint8)
+        self.bodies = read_only(self.buf)  # what publish gets: the kernels it calls take sources read-only
         self.ok_frame = np.frombuffer(OK_FRAME, np.uint8).copy()
         self.events = S.events_buffer(MAX_EVENTS)
         self.sessions = {}   # fd -> Session
@@ -491,13 +493,13 @@ class Pump:
         failed = {}
         if not self.counts[2]:
             t = int(topics[0])
-            ok = publish(self.topics[t], self.buf, offs, lens)
+            ok = publish(self.topics[t], self.bodies, offs, lens)
             if ok is not True:
                 failed[t] = ok
         else:
             for t in np.unique(topics).tolist():
                 sel = topics == t
-                ok = publish(self.topics[t], self.buf, offs[sel], lens[sel])
+                ok = publish(self.topics[t], self.bodies, offs[sel], lens[sel])
                 if ok is not True:
                     failed[t] = ok
         for t, ok in failed.items():
