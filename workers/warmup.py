@@ -18,10 +18,11 @@ import time
 
 import numpy as np
 
+from ipc.atomics import py_fetch_add
 from ipc.heap import TimerHeap, heap_nbytes
 from ipc.inflight import InFlightTable, inflight_nbytes
 from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from ipc.ring import Ring
+from ipc.ring import Ring, record_size
 from ipc.shm import Segment, unlink_name
 from ipc import statrows
 from ipc.wake import Wakeups, wake_check
@@ -52,7 +53,10 @@ def _rings():
     buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
     ring = Ring.create(buf, 0, 1 << 12)
     ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)  # Ring.write passes any payload read-only
+    Ring.attach(buf, 0, 1 << 12, Ring.PRODUCER)  # each child recovers the ends of its rings at its start
+    Ring.attach(buf, 0, 1 << 12, Ring.CONSUMER)
     ring.can_claim(3)
+    record_size(3)  # a forwarding link's test for room (workers/links.py)
     Pending(buf, [ring.ctl]).which()
     ring.read_batch(16)
     ring.release()
@@ -61,6 +65,7 @@ def _rings():
     wake = Wakeups.create(bytearray(Wakeups.size_for(1)), 0, [-1])
     wake.prepare_sleep(0, lambda: True)
     wake_check(wake.flags, 0)  # notify's test (notify itself would write to the eventfd, -1 here)
+    py_fetch_add(np.zeros(1, np.int64), 0, 1)  # the control block's counters (workers/control.py)
     OwnerNaps(2).saw(1, True)  # the Python path's count of a forward (workers/forwarding.py)
 
 
@@ -78,6 +83,7 @@ def _deferred():
     ids = np.arange(3, dtype=np.int64)
     idx = store.add(1, 1, ids, ids * 8, np.zeros(3, np.int64), np.array([5, 1, 9], np.int64))
     store.free(store.due(5))
+    store.earliest()
     store.low_water(np.full(4, 1 << 62, np.int64))
     store.free(idx[2:])
     store.recover()
@@ -98,6 +104,7 @@ def _inflight():
     K.low_water(table.slots, np.full(4, 1 << 62, np.int64))
     K.slots_of_channel(table.slots, 1, np.empty(4, np.int64))
     K.waiting_positions(table.slots, slots[1:], np.empty(2, np.int64))
+    table.release(s)  # a requeued message handed back to its channel
     table.recover()
 
 
@@ -149,6 +156,7 @@ def _log(prefix):
         log.set_low_water(ch, int(b.positions[0]))
         log.reclaim()
         MessageLog.attach(ctrl_buf, 0, memory).recover()
+        log.close_channel(ch)  # a deleted channel, or one a restarted worker finds half made
 
 
 class _Peer:

@@ -25,11 +25,11 @@ START_DEADLINE = 120.0
 class Nsqd(LoggedProcess):
     name = "nsqd"
 
-    def __init__(self, args, data_path, node_id):
+    def __init__(self, args, data_path, node_id, module="workers.nsqd"):
         self.data_path = data_path
         self.node_id = node_id
         self.expected_code = 0
-        super().__init__("workers.nsqd", args)
+        super().__init__(module, args)
         m = self.wait_for_line(LISTEN_RE, START_DEADLINE)
         self.host, self.port = m.group(1), int(m.group(2))
 
@@ -57,15 +57,16 @@ class Nsqd(LoggedProcess):
 
 
 def _factory(base, started):
-    def start(*flags, workers=2, node_id=7, data=None):
-        """``data``: a data path to (re)use, e.g. a stopped broker's (default: a new one)."""
+    def start(*flags, workers=2, node_id=7, data=None, module="workers.nsqd"):
+        """``data``: a data path to (re)use, e.g. a stopped broker's (default: a new one); ``module``: what runs
+        (``python -m``), nsqd's main or a test's harness around it."""
         if data is None:
             data = base / f"data{len(started)}"
             data.mkdir()
         args = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}",
                 f"--workers={workers}",
                 f"--node-id={node_id}", *flags]
-        n = Nsqd(args, str(data), node_id)
+        n = Nsqd(args, str(data), node_id, module)
         started.append(n)
         return n
     return start

@@ -103,3 +103,46 @@ def test_a_broker_stopped_right_after_its_first_start_leaves_the_lane_compiled(n
     with Conn(second.address) as p:  # served (the lane's own path: the owner's own PUB)
         p.send(C.pub(unique(), b"m"))
         p.expect_response(b"OK")
+
+
+def _timers_and_http(nsqd):
+    """HTTP publishes (the HTTP processes' control plane), a DPUB and a REQ with delays (the scanner's deferred
+    heap), a message left to time out (its in-flight heap) and redelivered."""
+    topic = unique()
+    host, port = nsqd.http_address
+    for path, body in (("pub", b"h1"), ("mpub", b"h2\nh3")):
+        req = urllib.request.Request(f"http://{host}:{port}/{path}?topic={topic}", data=body)
+        with urllib.request.urlopen(req, timeout=60) as r:
+            assert r.status == 200
+    with Conn(nsqd.address) as p:
+        p.send(C.dpub(topic, 100, b"later"))
+        p.expect_response(b"OK")
+    with consumer(nsqd.address, topic, "ch", rdy=10, msg_timeout=1000) as c:
+        msgs = c.read_messages(4, timeout=60)
+        c.send(C.req(msgs[0].id, 100), C.fin(msgs[1].id), C.fin(msgs[2].id))  # msgs[3] times out
+        again = c.read_messages(2, timeout=60)
+        assert sorted(m.body for m in again) == sorted([msgs[0].body, msgs[3].body])
+        c.send(*(C.fin(m.id) for m in again))
+        c.sync()
+
+
+def test_a_warm_start_loads_every_kernel_in_the_supervisor_before_it_forks(nsqd_factory, tmp_path, monkeypatch):
+    """A kernel that a worker, the scanner or an HTTP process loads itself is loaded once per process instead of
+    once, at a moment that process may be serving (a few milliseconds each, and 0.1-0.2 s for a process's first
+    load if numba fills its registries then). Traffic on every worker, timers, HTTP publishes and a worker's
+    replacement load nothing."""
+    loads = tmp_path / "loads"
+    monkeypatch.setenv("NSQPY_KERNEL_LOADS", str(loads))
+    assert nsqd_factory(module="tests.broker.kernel_loads").stop() == 0  # fills this checkout's cache if cold
+    loads.unlink(missing_ok=True)
+    nsqd = nsqd_factory(module="tests.broker.kernel_loads")
+    assert "compiling" not in nsqd.output()
+    _traffic(nsqd)
+    _timers_and_http(nsqd)
+    seen = len(nsqd.output().splitlines())
+    os.kill(int(nsqd.wait_for_line(r"worker 0: started \(pid (\d+)\)").group(1)), signal.SIGKILL)
+    nsqd.wait_for_line(r"worker 0: started \(pid (\d+)\)", timeout=120, start=seen)
+    _traffic(nsqd)
+    assert nsqd.stop() == 0
+    lines = loads.read_text().splitlines() if loads.exists() else []
+    assert "\n".join(line for line in lines if int(line.split()[0]) != nsqd.proc.pid) == ""
