@@ -298,6 +298,33 @@ def cache_is_cold():
     return path is not None and not os.path.exists(path)
 
 
+def load_without_registries():
+    """From now on in this process and its children, a kernel that numba finds in its cache loads without the
+    registries numba would fill first (idempotent).
+
+    numba's ``Cache.load_overload`` refreshes the target context before each load. The first refresh in a
+    process fills the typing and lowering registries, with every template of numba's builtins: about 0.2 s of a
+    warm start's kernel phase of 0.5 s, by hand, and as much again in each child that loads a kernel the
+    warm-up did not (``tests/broker/test_first_start.py`` holds the serving paths to none). Only a compile reads
+    the registries, and every compile refreshes them itself first (``CompilerBase``). Here a load does only the
+    part of the refresh that loaded code needs: the target's ``load_additional_registries``, which imports
+    numba's implementations (they add the C symbols that compiled code links against) and starts its runtime
+    (NRT). A kernel missing from the cache compiles as usual. If numba's cache no longer has the methods this
+    relies on, loads refresh as before."""
+    from numba.core.caching import Cache
+    if getattr(Cache.load_overload, "without_registries", False) or not (
+            hasattr(Cache, "_load_overload") and hasattr(Cache, "_guard_against_spurious_io_errors")):
+        return
+
+    def load_overload(self, sig, target_context):
+        target_context.load_additional_registries()
+        with self._guard_against_spurious_io_errors():
+            return self._load_overload(sig, target_context)
+
+    load_overload.without_registries = True
+    Cache.load_overload = load_overload
+
+
 def warm_up(prefix, log=None, processes=None, defer=True):
     """prefix: this broker's segment-name prefix (the log step needs real shared memory briefly). On a cold cache
     (the first start after an install or upgrade) the kernels compile in parallel processes, one line saying so,
@@ -319,6 +346,7 @@ def warm_up(prefix, log=None, processes=None, defer=True):
             background = Background.start(steps, later, done, log)
         if processes > 1:
             _compile_in_parallel(steps, now, processes, done, log)
+    load_without_registries()
     for i, step in enumerate(steps):
         if i not in later:
             step()
