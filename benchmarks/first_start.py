@@ -1,14 +1,16 @@
 """How long nsqd takes to listen on its first start after an install (numba's cache empty: every kernel compiles)
 and on later starts (loaded from the cache), optionally next to another checkout (a commit before a change).
 
-    python -m benchmarks.first_start [--rounds=2] [--workers=2] [--no-http] [--baseline-checkout=DIR] [--out=FILE]
+    python -m benchmarks.first_start [--rounds=2] [--warm-starts=1] [--workers=2] [--no-http] [--baseline-checkout=DIR]
+                                     [--out=FILE]
     python -m benchmarks.first_start --steps[=I,J,...] [--out=FILE]
 
-Each start gets a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py) and a fresh data path; the
-time is from exec to the `TCP: listening on` line. nsqd runs with its HTTP API on (port 0), as an operator's
-does, unless --no-http; then `*_http_s` is the time from exec to the `HTTP: listening on` line (the same moment as
-TCP's for a checkout that prints both once every child is ready). Checkouts alternate within a round, so a drift
-in the machine's load hits both alike. Prints one JSON line (commit, cores, command).
+Each round gives each checkout a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py): a cold start
+fills it, then --warm-starts starts load from it. Each start gets a fresh data path; the time is from exec to the
+`TCP: listening on` line. nsqd runs with its HTTP API on (port 0), as an operator's does, unless --no-http; then
+`*_http_s` is the time from exec to the `HTTP: listening on` line (the same moment as TCP's for a checkout that
+prints both once every child is ready). Checkouts alternate within a round (the cold starts, then each warm start),
+so a drift in the machine's load hits both alike. Prints one JSON line (commit, cores, command).
 
 nsqd runs with --log-level=debug, so each start is also split into phases (`runs[name]`, lists per round):
 `*_hello_s`, exec to nsqd's first log line (the interpreter, importing numpy, numba and our modules, some
@@ -168,6 +170,8 @@ def main(argv=None):
     p.add_argument("--steps", nargs="?", const="all", default=None,
                    help="time each warm-up step's compile alone (or those at the indices given, e.g. 6,7)")
     p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--warm-starts", type=int, default=1,
+                   help="warm starts per round and checkout, after its cold start (alternating between checkouts)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-http", action="store_true", help="start nsqd with --http-address= (no HTTP API)")
     p.add_argument("--baseline-checkout", default="")
@@ -179,20 +183,26 @@ def main(argv=None):
     if opts.baseline_checkout:
         checkouts["baseline"] = opts.baseline_checkout
     runs = {name: {"cold_s": [], "warm_s": []} for name in checkouts}
+
+    def record(name, kind, total, phases):
+        runs[name][f"{kind}_s"].append(round(total, 2))
+        for phase, seconds in phases.items():
+            runs[name].setdefault(f"{kind}_{phase}", []).append(round(seconds, 3))
+
     for r in range(opts.rounds):
-        for name, checkout in checkouts.items():
-            cache = tempfile.mkdtemp(prefix="nsqpy-cache-")
-            try:
-                cold, cold_phases = start_time(checkout, cache, opts.workers, not opts.no_http)
-                warm, warm_phases = start_time(checkout, cache, opts.workers, not opts.no_http)
-            finally:
+        caches = {name: tempfile.mkdtemp(prefix="nsqpy-cache-") for name in checkouts}
+        try:
+            for name, checkout in checkouts.items():
+                record(name, "cold", *start_time(checkout, caches[name], opts.workers, not opts.no_http))
+            for _ in range(opts.warm_starts):  # alternating between the checkouts
+                for name, checkout in checkouts.items():
+                    record(name, "warm", *start_time(checkout, caches[name], opts.workers, not opts.no_http))
+        finally:
+            for cache in caches.values():
                 shutil.rmtree(cache, ignore_errors=True)
-            runs[name]["cold_s"].append(round(cold, 2))
-            runs[name]["warm_s"].append(round(warm, 2))
-            for kind, phases in (("cold", cold_phases), ("warm", warm_phases)):
-                for phase, seconds in phases.items():
-                    runs[name].setdefault(f"{kind}_{phase}", []).append(round(seconds, 3))
-            log(f"round {r} {name}: cold {cold:.1f}s, warm {warm:.2f}s")
+        for name in checkouts:
+            log(f"round {r} {name}: cold {runs[name]['cold_s'][-1]:.1f}s, warm "
+                + ", ".join(f"{w:.2f}s" for w in runs[name]["warm_s"][-opts.warm_starts:]))
     medians = {name: {k: statistics.median(v) for k, v in figs.items()} for name, figs in runs.items()}
     result = dict(environment(), tool="first_start", workers=opts.workers, http=not opts.no_http, runs=runs,
                   medians=medians)

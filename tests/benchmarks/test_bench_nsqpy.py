@@ -123,9 +123,11 @@ def test_first_start_times_warm_up_steps_compiled_alone_and_deals_them_out():
 
 
 def test_first_start_times_a_cold_and_a_warm_start_of_each_checkout():
-    code, result = run_tool("benchmarks.first_start", "--rounds", "1", "--baseline-checkout", str(REPO),
-                            timeout=600)
+    code, result = run_tool("benchmarks.first_start", "--rounds", "1", "--warm-starts", "2", "--baseline-checkout",
+                            str(REPO), timeout=600)
     assert code == 0
+    assert [len(result["runs"][name][kind]) for name in ("current", "baseline") for kind in ("cold_s", "warm_s")] \
+        == [1, 2, 1, 2]
     for name in ("current", "baseline"):
         cold, warm = result["medians"][name]["cold_s"], result["medians"][name]["warm_s"]
         assert cold > 0 and warm > 0
