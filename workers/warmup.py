@@ -303,21 +303,23 @@ def load_without_registries():
     registries numba would fill first (idempotent).
 
     numba's ``Cache.load_overload`` refreshes the target context before each load. The first refresh in a
-    process fills the typing and lowering registries, with every template of numba's builtins: about 0.2 s of a
-    warm start's kernel phase of 0.5 s, by hand, and as much again in each child that loads a kernel the
-    warm-up did not (``tests/broker/test_first_start.py`` holds the serving paths to none). Only a compile reads
-    the registries, and every compile refreshes them itself first (``CompilerBase``). Here a load does only the
-    part of the refresh that loaded code needs: the target's ``load_additional_registries``, which imports
-    numba's implementations (they add the C symbols that compiled code links against) and starts its runtime
-    (NRT). A kernel missing from the cache compiles as usual. If numba's cache no longer has the methods this
-    relies on, loads refresh as before."""
+    process imports numba's whole library of implementations (linear algebra, random generators, typed
+    containers, ...) and installs every template into the typing and lowering registries: in nsqd's supervisor,
+    most of the first step's time in a warm start (by hand, py-spy). Only a compile reads those registries, and
+    every compile refreshes first itself (``CompilerBase``). Loaded machine code needs only the C symbols it
+    links against: numba's helpers and Python's exceptions (added when numba is imported), the hash secrets
+    (``numba.cpython.hashing``, imported with numba; named here to be sure) and its runtime, NRT, which a load
+    starts here (a load without it crashes the process on the first call). A kernel missing from the cache
+    compiles as usual. If numba's cache no longer has the methods this relies on, loads refresh as before."""
     from numba.core.caching import Cache
+    from numba.core.runtime import rtsys
+    import numba.cpython.hashing  # noqa: F401  (its symbols: see above)
     if getattr(Cache.load_overload, "without_registries", False) or not (
             hasattr(Cache, "_load_overload") and hasattr(Cache, "_guard_against_spurious_io_errors")):
         return
 
     def load_overload(self, sig, target_context):
-        target_context.load_additional_registries()
+        rtsys.initialize(target_context)
         with self._guard_against_spurious_io_errors():
             return self._load_overload(sig, target_context)
 
