@@ -1,6 +1,6 @@
-"""A warm start loads every kernel from numba's cache without filling numba's typing and lowering registries (a
-fifth of a second of nsqd's start: ``warmup.load_without_registries``), and a kernel missing from the cache still
-compiles.
+"""A warm start loads every kernel from numba's cache without the refresh numba does first (importing its library
+of implementations and filling its typing and lowering registries: ``warmup.load_without_registries``), the loaded
+kernels run, and a kernel missing from the cache still compiles.
 
 Each probe runs in a fresh interpreter: numba fills its registries once per process, so only a process that has
 not compiled or loaded anything yet shows whether a load fills them.
