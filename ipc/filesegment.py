@@ -26,7 +26,7 @@ import os
 
 
 from ipc.layout import HEADER_WORDS, LayoutError, align_up, magic, stamp_header, words
-from ipc.rawmap import map_fd
+from ipc.rawmap import madvise, map_fd
 from ipc.shm import (MappedPayload, SegmentError, SegmentProvider, check_mapped_header, reserve_and_map,
                      reserved_bytes)
 
@@ -63,6 +63,8 @@ class FileSegment(MappedPayload):
             raise
         finally:
             os.close(fd)
+        madvise(mapping.ctypes.data, total, mmap.MADV_RANDOM)  # its header's write reads nothing ahead (a fresh
+        # file's first write fault would zero-fill up to read_ahead_kb of it: ipc/msglog_window.py)
         stamp_header(words(mapping, 0, HEADER_WORDS), FILE_MAGIC, FILE_VERSION, size, (tag, tag_version))
         return cls(path, mapping)
 

@@ -359,7 +359,7 @@ class MessageLog(LogCounters):
         else:
             fd = provider.create(k, self.segment_size, SEGMENT_TAG, SEGMENT_TAG_VERSION, reserve)
         try:
-            self.window.map(k, fd, provider.payload_offset)
+            self.window.map(k, fd, provider.payload_offset, writing=reserve is not None and tier == TIER_DISK)
         except BaseException:
             if reserve is not None:
                 provider.unlink(k)
@@ -387,7 +387,7 @@ class MessageLog(LogCounters):
                 provider = self._providers[tiers[m]]
                 fd = provider.open(m, self.segment_size, SEGMENT_TAG, SEGMENT_TAG_VERSION)
                 try:
-                    bigger.map(m, fd, provider.payload_offset)
+                    bigger.map(m, fd, provider.payload_offset, writing=m == w.writing)
                 finally:
                     os.close(fd)
         except BaseException:

@@ -14,6 +14,13 @@ nothing, so a slot costs address space only, and big segments (up to ``MAX_SEGME
 whole budget: it starts at INITIAL_WINDOW slots and the log replaces it by one twice as big when it outgrows it
 (``MessageLog._fit``), so its views move then; kernels get them from the log on every call.
 
+A segment file being written for the first time is mapped with MADV_RANDOM (``map(..., writing=True)``). Without
+it, the first write fault of a fresh file reads ahead: the kernel allocates and zero-fills up to read_ahead_kb of
+page cache (the disk's setting: 128 KiB on many hosts, 8 MiB on this project's build VM, where it stalled the
+owner for milliseconds at every 8 MiB segment, by hand), all at once in the faulting call. The segment written
+before it gets the kernel's normal readahead back: from then on it is only read, maybe from disk after its pages
+were evicted. A /dev/shm segment has no readahead to turn off.
+
 Python's ``mmap`` module cannot map at a fixed address, hence libc ``mmap`` through ctypes (``ipc.rawmap``); it
 runs only when a segment is created, attached or released.
 
@@ -26,7 +33,7 @@ import mmap
 
 import numpy as np
 
-from ipc.rawmap import mmap_at, munmap
+from ipc.rawmap import madvise, mmap_at, munmap
 
 __all__ = ["SegmentWindow"]
 
@@ -54,16 +61,24 @@ class SegmentWindow:
         self.data = np.asarray(_ArrayAt(self._base, self.nbytes))
         self.data64 = self.data.view(np.int64)
         self.mapped = [-1] * slots  # segment number mapped at each slot by this process, -1 for none
+        self.writing = -1           # the segment mapped with MADV_RANDOM (module docstring), -1 for none
 
     def _slot_addr(self, slot: int) -> int:
         return self._base + slot * self.segment_size
 
-    def map(self, k: int, fd: int, offset: int) -> None:
-        """Map segment k (bytes [offset, offset + segment_size) of fd) at its slot."""
+    def map(self, k: int, fd: int, offset: int, writing: bool = False) -> None:
+        """Map segment k (bytes [offset, offset + segment_size) of fd) at its slot; ``writing``: a file whose
+        pages are written for the first time now (module docstring)."""
         slot = k % self.slots
         mmap_at(self._slot_addr(slot), self.segment_size, mmap.PROT_READ | mmap.PROT_WRITE,
               mmap.MAP_SHARED | _MAP_FIXED, fd, offset)
         self.mapped[slot] = k
+        if writing:
+            before = self.writing
+            if before >= 0 and self.mapped[before % self.slots] == before:
+                madvise(self._slot_addr(before % self.slots), self.segment_size, mmap.MADV_NORMAL)
+            madvise(self._slot_addr(slot), self.segment_size, mmap.MADV_RANDOM)
+            self.writing = k
 
     def unmap(self, k: int) -> None:
         """Release segment k's slot (keeps the address range reserved)."""
@@ -72,6 +87,8 @@ class SegmentWindow:
             return
         mmap_at(self._slot_addr(slot), self.segment_size, _PROT_NONE, _RESERVE | _MAP_FIXED, -1, 0)
         self.mapped[slot] = -1
+        if self.writing == k:
+            self.writing = -1
 
     def close(self) -> None:
         if self._base is None:

@@ -15,13 +15,15 @@ import os
 
 import numpy as np
 
-__all__ = ["map_fd", "mmap_at", "munmap", "PROT_RW"]
+__all__ = ["map_fd", "mmap_at", "munmap", "madvise", "PROT_RW"]
 
 _libc = ctypes.CDLL(None, use_errno=True)
 _libc.mmap.restype = ctypes.c_void_p
 _libc.mmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int, ctypes.c_int, ctypes.c_int, ctypes.c_long]
 _libc.munmap.restype = ctypes.c_int
 _libc.munmap.argtypes = [ctypes.c_void_p, ctypes.c_size_t]
+_libc.madvise.restype = ctypes.c_int
+_libc.madvise.argtypes = [ctypes.c_void_p, ctypes.c_size_t, ctypes.c_int]
 _MAP_FAILED = ctypes.c_void_p(-1).value
 PROT_RW = mmap.PROT_READ | mmap.PROT_WRITE
 
@@ -37,6 +39,11 @@ def mmap_at(addr, length, prot, flags, fd, offset):
 
 def munmap(addr, length):
     _libc.munmap(addr, length)
+
+
+def madvise(addr, length, advice):
+    """libc madvise (``mmap.MADV_*``); advice only, so a failure is ignored."""
+    _libc.madvise(addr, length, advice)
 
 
 class _Mapping:
