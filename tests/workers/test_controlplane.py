@@ -39,6 +39,9 @@ if __name__ != "__main__":
 
 
 # ---- the broker with a client child (runs in the subprocess) ----------------------------------------------
+CLIENT_LISTENING = b"harness client: listening"
+
+
 def _client_main(plan, path, ready_fd):
     from workers.controlplane import ControlPlane, PublishFailed, PublishTimeout
     cp = ControlPlane(plan, plan.workers)
@@ -50,6 +53,7 @@ def _client_main(plan, path, ready_fd):
     srv.bind(path)
     srv.listen(4)
     os.write(ready_fd, b"c")
+    os.write(1, CLIENT_LISTENING + b"\n")  # the test's sync point: TCP's line does not wait for this child
 
     def publish(req):
         try:
@@ -135,10 +139,20 @@ class Broker(Nsqd):
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        m = self.wait_for_line(LISTEN_RE, START_DEADLINE)
-        self.host, self.port = m.group(1), int(m.group(2))
-        self.client = socket.socket(socket.AF_UNIX)
-        self.client.connect(self.client_path)  # the child listens before it reports ready
+        try:
+            m = self.wait_for_line(LISTEN_RE, START_DEADLINE)
+            self.host, self.port = m.group(1), int(m.group(2))
+            self.wait_for_line(CLIENT_LISTENING.decode(), START_DEADLINE)
+            self.client = socket.socket(socket.AF_UNIX)
+            self.client.connect(self.client_path)
+        except BaseException:  # not yet in the fixture's list: stop it here, or it outlives the test
+            self.proc.terminate()  # a clean stop removes its shared memory
+            try:
+                self.proc.wait(60)
+            except subprocess.TimeoutExpired:
+                os.killpg(self.proc.pid, signal.SIGKILL)
+                self.proc.wait()
+            raise
         self.client_file = self.client.makefile("rwb")
 
     def ask(self, op, timeout=60.0, **req):
