@@ -3,6 +3,7 @@ lines with a deadline (``wait_for_line``, never a sleep), and a SIGTERM stop wit
 whole process group and an AssertionError with its output)."""
 from __future__ import annotations
 
+import contextlib
 import os
 import re
 import signal
@@ -55,6 +56,19 @@ class LoggedProcess:
     def child_pids(self):
         out = subprocess.run(["pgrep", "-P", str(self.proc.pid)], capture_output=True, text=True).stdout
         return [int(x) for x in out.split()]
+
+    @contextlib.contextmanager
+    def starting(self):
+        """Around a subclass's waits for its start-up lines: a start that fails stops the process (no fixture
+        holds it yet, so nothing else would: it would outlive the test), then the failure goes on."""
+        try:
+            yield
+        except BaseException:
+            try:
+                self.stop()
+            except AssertionError:
+                pass  # it did not stop within the deadline and was killed: the start's failure is the one to report
+            raise
 
     def stop(self, timeout=30.0):
         if self.proc.poll() is None:

@@ -30,7 +30,8 @@ class Nsqd(LoggedProcess):
         self.node_id = node_id
         self.expected_code = 0
         super().__init__(module, args)
-        m = self.wait_for_line(LISTEN_RE, START_DEADLINE)
+        with self.starting():
+            m = self.wait_for_line(LISTEN_RE, START_DEADLINE)
         self.host, self.port = m.group(1), int(m.group(2))
 
     @property

@@ -36,8 +36,9 @@ class Lookupd(LoggedProcess):
 
     def __init__(self, *flags):
         super().__init__("nsqpy.lookupd.main", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", *flags])
-        tcp = self.wait_for_line(TCP_RE, DEADLINE)
-        http = self.wait_for_line(HTTP_RE, DEADLINE)
+        with self.starting():
+            tcp = self.wait_for_line(TCP_RE, DEADLINE)
+            http = self.wait_for_line(HTTP_RE, DEADLINE)
         self.tcp_address = (tcp.group(1), int(tcp.group(2)))
         self.http_address = (http.group(1), int(http.group(2)))
 

@@ -139,20 +139,12 @@ class Broker(Nsqd):
                                      env=dict(os.environ, PYTHONUNBUFFERED="1"))
         self._reader = threading.Thread(target=self._read, daemon=True)
         self._reader.start()
-        try:
+        with self.starting():
             m = self.wait_for_line(LISTEN_RE, START_DEADLINE)
             self.host, self.port = m.group(1), int(m.group(2))
             self.wait_for_line(CLIENT_LISTENING.decode(), START_DEADLINE)
             self.client = socket.socket(socket.AF_UNIX)
             self.client.connect(self.client_path)
-        except BaseException:  # not yet in the fixture's list: stop it here, or it outlives the test
-            self.proc.terminate()  # a clean stop removes its shared memory
-            try:
-                self.proc.wait(60)
-            except subprocess.TimeoutExpired:
-                os.killpg(self.proc.pid, signal.SIGKILL)
-                self.proc.wait()
-            raise
         self.client_file = self.client.makefile("rwb")
 
     def ask(self, op, timeout=60.0, **req):
