@@ -1,7 +1,8 @@
 """Compile (or load from numba's cache) every kernel of the broker's hot paths once, in the supervisor, before it
-forks: the children inherit the machine code, so none of them stalls its first client for the hundreds of
-milliseconds a kernel takes to load, or seconds to compile on a cold cache, and a restarted child is ready at
-once. Each step drives the real classes on throwaway memory with the argument types production uses.
+forks: the children inherit the machine code, so none of them stalls its first client for the milliseconds a
+kernel takes to load (numba's refresh before a process's first load took hundreds more: load_without_registries),
+or seconds to compile on a cold cache, and a restarted child is ready at once. Each step drives the real classes
+on throwaway memory with the argument types production uses.
 
 One exception, on a first start only (a cold cache): the DEFERRED steps (the forward lane) compile in a
 background process while nsqd starts and listens, and each worker switches the lane on once it is in the cache
