@@ -593,7 +593,7 @@ class MessageLog(LogCounters):
         LogNoSpace as append_batch does."""
         n = len(lengths)
         out = np.zeros(n, dtype=np.int64)
-        args = (ch, src, offsets, lengths, timestamps, ids, attempts, not_before, parked, n, out)
+        args = (ch, read_only(src), offsets, lengths, timestamps, ids, attempts, not_before, parked, n, out)
         w = self.window
         status = K.append_private(self.ctrl, w.data, w.data64, *args)
         if status == NEED_SEGMENT:

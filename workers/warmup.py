@@ -22,8 +22,9 @@ import numpy as np
 from ipc.atomics import py_fetch_add
 from ipc.heap import TimerHeap, heap_nbytes
 from ipc.inflight import InFlightTable, inflight_nbytes
+from ipc import msglog_kernels as LK
 from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from ipc.ring import Ring, record_size
+from ipc.ring import C_READ, Ring, record_size
 from ipc.shm import Segment, unlink_name
 from ipc import statrows
 from ipc.wake import Wakeups, wake_check
@@ -60,6 +61,7 @@ def _rings():
     record_size(3)  # a forwarding link's test for room (workers/links.py)
     Pending(buf, [ring.ctl]).which()
     ring.read_batch(16)
+    ring.release(int(ring.ctl[C_READ]))  # a link that refused a record releases up to the one before it
     ring.release()
     ring.readable()
     ring.free()
@@ -86,8 +88,8 @@ def _deferred():
     store.free(store.due(5))
     store.earliest()
     store.low_water(np.full(4, 1 << 62, np.int64))
+    store.recover()  # a restarted worker's store: its timer heap rebuilt from the entries still waiting
     store.free(idx[2:])
-    store.recover()
 
 
 def _inflight():
@@ -155,9 +157,14 @@ def _log(prefix):
         log.copy_forward(ch, b.positions[1:2], 1, parked=True)
         log.depth(ch)
         log.set_low_water(ch, int(b.positions[0]))
+        log.rewind(ch, int(b.positions[0]))  # salvage: a crashed worker's channel delivers its in-flight again
+        one = np.ones(1, np.int64)  # a channel's saved queue, loaded at a worker's start:
+        log.append_private(ch, np.frombuffer(b"queued", np.uint8), one * 0, one * 6, one, one, one, one * 0)
         log.reclaim()
         MessageLog.attach(ctrl_buf, 0, memory).recover()
         log.close_channel(ch)  # a deleted channel, or one a restarted worker finds half made
+        log.drop_backlog()  # a topic emptied with no channel
+        LK.seal_segment(log.ctrl, log.window.data64)  # the head's segment sealed when its tier has no room to grow
 
 
 class _Peer:
@@ -203,7 +210,7 @@ def _persistence():
                           + b"0123456789abcdef" + b"x", np.uint8).copy()
     end = DK.frames_to_records(frame, len(frame))
     cols = [np.zeros(2, np.int64) for _ in range(5)]
-    DK.scan_records(frame, 0, end, 1 << 20, *cols)
+    DK.scan_records(np.frombuffer(frame.tobytes(), np.uint8), 0, end, 1 << 20, *cols)  # a file's bytes: read-only
 
 
 def _steps(prefix):

@@ -139,8 +139,8 @@ def _timers_and_http(nsqd):
 def test_a_warm_start_loads_every_kernel_in_the_supervisor_before_it_forks(nsqd_factory, tmp_path, monkeypatch):
     """A kernel that a worker, the scanner or an HTTP process loads itself is loaded once per process instead of
     once, at a moment that process may be serving (a few milliseconds each, and 0.1-0.2 s for a process's first
-    load if numba fills its registries then). Traffic on every worker, timers, HTTP publishes and a worker's
-    replacement load nothing."""
+    load if numba fills its registries then). Traffic on every worker, timers, HTTP publishes, a worker's
+    replacement, a topic emptied and a restart that loads saved channel queues load nothing."""
     loads = tmp_path / "loads"
     monkeypatch.setenv("NSQPY_KERNEL_LOADS", str(loads))
     assert nsqd_factory(module="tests.broker.kernel_loads").stop() == 0  # fills this checkout's cache if cold
@@ -153,6 +153,33 @@ def test_a_warm_start_loads_every_kernel_in_the_supervisor_before_it_forks(nsqd_
     os.kill(int(nsqd.wait_for_line(r"worker 0: started \(pid (\d+)\)").group(1)), signal.SIGKILL)
     nsqd.wait_for_line(r"worker 0: started \(pid (\d+)\)", timeout=120, start=seen)
     _traffic(nsqd)
+    saved = _emptied_and_saved(nsqd)
     assert nsqd.stop() == 0
+    again = nsqd_factory(module="tests.broker.kernel_loads", data=Path(nsqd.data_path))
+    with consumer(again.address, saved, "ch", rdy=10) as c:  # each worker loaded its saved queues at its start
+        msgs = c.read_messages(3, timeout=60)
+        assert sorted(m.body for m in msgs) == [b"s0", b"s1", b"s2"]
+        c.send(*(C.fin(m.id) for m in msgs))
+        c.sync()
+    assert again.stop() == 0
     lines = loads.read_text().splitlines() if loads.exists() else []
-    assert "\n".join(line for line in lines if int(line.split()[0]) != nsqd.proc.pid) == ""
+    assert "\n".join(line for line in lines if int(line.split()[0]) not in (nsqd.proc.pid, again.proc.pid)) == ""
+
+
+def _emptied_and_saved(nsqd):
+    """A topic emptied over HTTP while it has no channel (its backlog dropped), and a channel left with messages
+    that its next start loads from the saved queue. -> the saved channel's topic."""
+    host, port = nsqd.http_address
+    emptied, saved = unique(), unique()
+    with Conn(nsqd.address) as p:
+        p.send(C.mpub(emptied, [b"e0", b"e1"]))
+        p.expect_response(b"OK")
+    req = urllib.request.Request(f"http://{host}:{port}/topic/empty?topic={emptied}", data=b"")
+    with urllib.request.urlopen(req, timeout=60) as r:
+        assert r.status == 200
+    with consumer(nsqd.address, saved, "ch", rdy=0) as c:
+        c.sync()  # the channel exists
+    with Conn(nsqd.address) as p:
+        p.send(C.mpub(saved, [b"s0", b"s1", b"s2"]))
+        p.expect_response(b"OK")
+    return saved
