@@ -359,7 +359,8 @@ class MessageLog(LogCounters):
         else:
             fd = provider.create(k, self.segment_size, SEGMENT_TAG, SEGMENT_TAG_VERSION, reserve)
         try:
-            self.window.map(k, fd, provider.payload_offset, writing=reserve is not None and tier == TIER_DISK)
+            writing = reserve is not None or k == self.head // self.segment_size  # new, or the head's (a restart)
+            self.window.map(k, fd, provider.payload_offset, writing=writing and tier == TIER_DISK)
         except BaseException:
             if reserve is not None:
                 provider.unlink(k)

@@ -7,14 +7,16 @@ process reserves W * segment_size bytes of address space once (PROT_NONE, MAP_NO
 committed), and maps segment k over slot ``k % W`` with MAP_FIXED|MAP_SHARED from the segment's fd (a /dev/shm
 object or a file: the kernels cannot tell). Releasing a slot maps fresh PROT_NONE over it, so the range stays
 reserved and nothing else of the process is ever placed inside it. The numpy views (``data``, ``data64``) span the
-whole range (until the log grows the window); touching an unmapped slot is a SIGSEGV, i.e. a kernel bug, never silent corruption.
+whole range (until the log grows the window); touching an unmapped slot is a SIGSEGV, i.e. a kernel bug, never
+silent corruption.
 A segment file is sparse (only what the log reached is reserved, see ``ipc.msglog``): mapping it whole commits
 nothing, so a slot costs address space only, and big segments (up to ``MAX_SEGMENT_SIZE``; 128 MiB for a 64 MiB
 --max-msg-size) cost no more than small ones until they fill. A window holds the segments retained now, not the
 whole budget: it starts at INITIAL_WINDOW slots and the log replaces it by one twice as big when it outgrows it
 (``MessageLog._fit``), so its views move then; kernels get them from the log on every call.
 
-A segment file being written for the first time is mapped with MADV_RANDOM (``map(..., writing=True)``). Without
+A segment file being written for the first time is mapped with MADV_RANDOM (``map(..., writing=True)``), and so
+is the head's segment when a restarted owner maps the log again (it writes on there). Without
 it, the first write fault of a fresh file reads ahead: the kernel allocates and zero-fills up to read_ahead_kb of
 page cache (the disk's setting: 128 KiB on many hosts, 8 MiB on this project's build VM, where it stalled the
 owner for milliseconds at every 8 MiB segment, by hand), all at once in the faulting call. The segment written

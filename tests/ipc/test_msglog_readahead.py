@@ -47,3 +47,26 @@ def test_only_the_disk_segment_being_written_is_mapped_without_readahead(shm_pre
         assert [log.body(int(p)) for p in got.positions[:got.n]] == [bytes([i]) * 6000 for i in range(60)]
     finally:
         log.destroy()
+
+
+def test_a_restarted_owner_maps_the_head_disk_segment_without_readahead(shm_prefix, tmp_path):
+    """The owner that attaches the log after a restart writes on into the head's segment: its first write fault
+    there would read ahead as in a fresh segment."""
+    ctrl = mmap.mmap(-1, log_ctrl_nbytes(S, 2 * S, 64 * S))
+    memory, disk = ShmSegmentProvider(shm_prefix), FileSegmentProvider(str(tmp_path), "w")
+    log = MessageLog.create(ctrl, 0, segment_size=S, mem_bytes=2 * S, memory=memory, disk_bytes=64 * S, disk=disk)
+    try:
+        for i in range(40):
+            log.append(bytes([i]) * 6000, i, i + 1)
+        log.close()
+        log = MessageLog.attach(ctrl, 0, memory, disk)
+        tiers = dict(log.segments())
+        on_disk = sorted(k for k, tier in tiers.items() if tier == TIER_DISK)
+        assert len(on_disk) >= 2 and on_disk[-1] == log.head // S
+        assert [("rr" in _slot_flags(log, k)) for k in on_disk] == [False] * (len(on_disk) - 1) + [True]
+        log.append(b"after", 40, 41)
+        ch = log.open_channel()
+        got = log.read(ch, 100, 1 << 30)
+        assert [log.body(int(p)) for p in got.positions[:got.n]] == [bytes([i]) * 6000 for i in range(40)] + [b"after"]
+    finally:
+        log.destroy()
