@@ -67,7 +67,8 @@ from ipc.layout import (HEADER_WORDS, H_MAGIC, H_PARAMS, H_SIZE, LayoutError, al
 __all__ = ["Segment", "MappedPayload", "SegmentProvider", "SegmentReserver", "reserve_and_map", "reserve_range",
            "check_mapped_header", "check_shm_room", "shm_keep_free", "open_segment_fd", "SegmentError", "LayoutError",
            "segment_name", "instance_prefix", "find_stale", "find_dead_instances", "remove_segments", "list_segments",
-           "unlink_name", "PREFIX", "PAYLOAD_OFFSET", "SHM_KEEP_FREE_MIN", "SHM_KEEP_FREE_FRACTION", "INSTANCE_GRACE"]
+           "unlink_name", "own_start", "PREFIX", "PAYLOAD_OFFSET", "SHM_KEEP_FREE_MIN", "SHM_KEEP_FREE_FRACTION",
+           "INSTANCE_GRACE"]
 
 PREFIX = "nsqpy"
 SHM_DIR = "/dev/shm"
@@ -120,6 +121,18 @@ def _start_time(pid: int) -> int:
     except OSError:
         return -1
     return int(stat[stat.rindex(b")") + 2:].split()[19])  # field 22; the command name may hold spaces
+
+
+_OWN = (0, -1)  # (pid, start time) of this process, once read (a forked child reads its own)
+
+
+def own_start() -> tuple[int, int]:
+    """(pid, start time) of this process: /proc is read once per process, not for every segment it creates."""
+    global _OWN
+    pid = os.getpid()
+    if _OWN[0] != pid:
+        _OWN = (pid, _start_time(pid))
+    return _OWN
 
 
 def _alive(pid: int, start: int) -> bool:
@@ -326,8 +339,8 @@ class Segment(MappedPayload):
         finally:
             shm.close_fd()
         hdr = words(mapping, 0, HEADER_WORDS)
-        pid = os.getpid()
-        stamp_header(hdr, SEGMENT_MAGIC, SEGMENT_VERSION, size, (tag, tag_version, pid, _start_time(pid), 0))
+        pid, start = own_start()
+        stamp_header(hdr, SEGMENT_MAGIC, SEGMENT_VERSION, size, (tag, tag_version, pid, start, 0))
         return cls(name, mapping, owner=True)
 
     @classmethod
@@ -375,8 +388,8 @@ class Segment(MappedPayload):
 
     def adopt(self) -> None:
         """Make this process the segment's owner (after recovering a stale segment)."""
-        pid = os.getpid()
-        self._header[_W["start"]] = _start_time(pid)
+        pid, start = own_start()
+        self._header[_W["start"]] = start
         self._header[_W["pid"]] = pid
         self.owner = True
 

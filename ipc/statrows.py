@@ -44,7 +44,6 @@ stores are ordered before the new copy writes (the seqlock writer's barrier).
 from __future__ import annotations
 
 import errno
-import os
 
 import numpy as np
 from numba import njit
@@ -53,7 +52,7 @@ from ipc.numba_cache import JIT
 from ipc.atomics import cpu_pause, fence, load_acquire, py_fetch_add, py_load_acquire, py_store_release, \
     store_release
 from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
-from ipc.shm import Segment, SegmentError, _start_time, unlink_name
+from ipc.shm import Segment, SegmentError, _start_time, own_start, unlink_name
 
 __all__ = ["Board", "RowTable", "RowWriter", "RowReader", "ROW_WORDS", "R_GEN", "R_KIND", "R_UID", "R_BODY",
            "BODY_WORDS", "IMMUTABLE_WORDS", "COPY_WORDS", "COPY_A", "COPY_B", "FREE", "counters_of",
@@ -295,8 +294,8 @@ class RowWriter:
         self._new = []      # (idx, kind, uid, body)
         self._upd = []      # (idx, counters)
         self._gone = []
-        pid = os.getpid()
-        board.set_word(writer, B_PID_START, _start_time(pid))
+        pid, start = own_start()
+        board.set_word(writer, B_PID_START, start)
         board.set_word(writer, B_PID, pid)  # last: a reader that sees the pid sees its start time too
 
     def create(self, kind: int, body) -> tuple[int, int]:
