@@ -67,7 +67,7 @@ import posix_ipc
 from ipc import msglog_kernels as K
 from ipc.atomics import py_load_acquire, py_store_release
 from ipc.layout import LayoutError, align_up, check_header, read_only, stamp_header, words
-from ipc.msglog_layout import (BAD_POSITION, CH_ACTIVE, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, FULL, HDR,
+from ipc.msglog_layout import (BAD_POSITION, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, FULL, HDR,
                                MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
                                S_BACKLOG_SEQ, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES,
                                TAIL, TIER_DISK, TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base,
@@ -236,7 +236,8 @@ class LogCounters:
         return int(py_load_acquire(self.ctrl, channel_base(ch) + CH_LOW_WATER))
 
     def open_channels(self) -> list[int]:
-        return [ch for ch in range(self.channels) if py_load_acquire(self.ctrl, channel_base(ch) + CH_ACTIVE) == 1]
+        out = np.empty(self.channels, np.int64)
+        return out[:K.open_slots(self.ctrl, out)].tolist()
 
     def waiting(self) -> int:
         """Messages the slowest open channel has yet to deliver; with no channel, the backlog the first one

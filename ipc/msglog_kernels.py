@@ -580,6 +580,17 @@ def active_channels(ctrl):
 
 
 @njit(**KERNEL)
+def open_slots(ctrl, out):
+    """The open channel slots, in order, into out (at least P_CHANNELS long); returns how many."""
+    n = 0
+    for ch in range(ctrl[P_CHANNELS]):
+        if load_acquire(ctrl, channel_at(ch) + CH_ACTIVE) == 1:
+            out[n] = ch
+            n += 1
+    return n
+
+
+@njit(**KERNEL)
 def open_channel(ctrl):
     """Take a free channel slot: the topic's first channel starts at the backlog, a later one at the head
     (NSQ's rule). Returns the slot or FULL."""

@@ -147,6 +147,7 @@ def _append(log, src):
 def _log(prefix):
     with _throwaway_log(f"{prefix}-warmup") as (log, ctrl_buf, memory):
         ch = log.open_channel()
+        log.waiting()  # a log with a message budget asks at each new segment (open_channels, depth)
         _append(log, np.frombuffer(b"hello world", np.uint8).copy())  # MessageLog passes any source read-only
         b = log.read(ch, 8, 1 << 20)
         log.records_at(b.positions[:1])
