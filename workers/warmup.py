@@ -4,9 +4,9 @@ kernel takes to load (numba's refresh before a process's first load took hundred
 or seconds to compile on a cold cache, and a restarted child is ready at once. Each step drives the real classes
 on throwaway memory with the argument types production uses.
 
-One exception, on a first start only (a cold cache): the DEFERRED steps (the forward lane) compile in a
-background process while nsqd starts and listens, and each worker switches the lane on once it is in the cache
-(``Background``); until then the loop's Python path does its work.
+One exception, on a first start only (a cold cache): the DEFERRED steps (the forward lane, then the kernels of rare
+paths) compile in a background process while nsqd starts and listens, and each worker switches the lane on once
+it is in the cache (``Background``); until then the loop's Python path does its work.
 """
 import contextlib
 import functools
@@ -61,7 +61,6 @@ def _rings():
     record_size(3)  # a forwarding link's test for room (workers/links.py)
     Pending(buf, [ring.ctl]).which()
     ring.read_batch(16)
-    ring.release(int(ring.ctl[C_READ]))  # a link that refused a record releases up to the one before it
     ring.release()
     ring.readable()
     ring.free()
@@ -88,8 +87,8 @@ def _deferred():
     store.free(store.due(5))
     store.earliest()
     store.low_water(np.full(4, 1 << 62, np.int64))
-    store.recover()  # a restarted worker's store: its timer heap rebuilt from the entries still waiting
     store.free(idx[2:])
+    store.recover()
 
 
 def _inflight():
@@ -158,14 +157,34 @@ def _log(prefix):
         log.copy_forward(ch, b.positions[1:2], 1, parked=True)
         log.depth(ch)
         log.set_low_water(ch, int(b.positions[0]))
-        log.rewind(ch, int(b.positions[0]))  # salvage: a crashed worker's channel delivers its in-flight again
-        one = np.ones(1, np.int64)  # a channel's saved queue, loaded at a worker's start:
-        log.append_private(ch, np.frombuffer(b"queued", np.uint8), one * 0, one * 6, one, one, one, one * 0)
         log.reclaim()
         MessageLog.attach(ctrl_buf, 0, memory).recover()
         log.close_channel(ch)  # a deleted channel, or one a restarted worker finds half made
-        log.drop_backlog()  # a topic emptied with no channel
-        LK.seal_segment(log.ctrl, log.window.data64)  # the head's segment sealed when its tier has no room to grow
+
+
+def _rare(prefix):
+    """Kernels of rare paths, none of them needed to listen (DEFERRED): a channel's saved queue loaded at a
+    worker's start, a crashed worker's channel rewound (salvage), a topic emptied without channels, the head's
+    segment sealed when its tier cannot grow, a link releasing part of a batch, a restarted worker's deferred
+    store rebuilding its heap. Segment names carry the pid: a worker loading them (``Background.load``) runs this
+    beside the others."""
+    with _throwaway_log(f"{prefix}-warmup-rare-{os.getpid()}") as (log, _, _):
+        ch = log.open_channel()
+        one = np.ones(1, np.int64)
+        at = log.append_private(ch, np.frombuffer(b"queued", np.uint8), one * 0, one * 6, one, one, one, one * 0)
+        log.rewind(ch, int(at[0]))
+        log.close_channel(ch)
+        log.drop_backlog()
+        LK.seal_segment(log.ctrl, log.window.data64)  # a direct call: a tier without room is hard to stage
+    buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
+    ring = Ring.create(buf, 0, 1 << 12)
+    ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)
+    ring.read_batch(16)
+    ring.release(int(ring.ctl[C_READ]))  # up to a position: a link that refused a record offers it again
+    store = DeferredStore(LocalChunks())
+    ids = np.arange(2, dtype=np.int64)
+    store.add(1, 1, ids, ids * 8, np.zeros(2, np.int64), np.array([5, 9], np.int64))
+    store.recover()  # entries still waiting: the heap is rebuilt from them
 
 
 class _Peer:
@@ -222,7 +241,8 @@ def _steps(prefix):
     (it waits for them: ``dependencies``; on a cold cache it compiles in the background, after all of them)."""
     name = prefix.rstrip("-")
     return [functools.partial(_delivery, name), _pump, _inflight, functools.partial(_log, name), fastlane.warm_up,
-            _rings, _timers, records.warm_up, _deferred, stats.warm_up, _protocol, _persistence, statrows.warm_up]
+            _rings, _timers, records.warm_up, _deferred, stats.warm_up, _protocol, _persistence, statrows.warm_up,
+            functools.partial(_rare, name)]
 
 
 # A step whose kernels call kernels of other steps waits for those when the steps compile in parallel, so that it
@@ -406,22 +426,26 @@ def _prune(log):
                  f"{numba_cache.PRUNE_AFTER_S // 86400:.0f} days, beside {numba_cache.CACHE_DIR}")
 
 
-# Steps for paths that only make the broker faster, beside a Python path that does the same: on a first start
-# they compile in a background process and nsqd listens without waiting for them. The forward lane (workers/
-# fastlane.py: the forwards of lone PUBs and the owner's own path) is the costliest step by far, a quarter of a
-# first start's compiling; until it is in numba's cache the workers use the loop's Python path
-# (Worker._lane_on_when_ready).
-DEFERRED = (fastlane.warm_up,)
+# Steps that nsqd does not need in order to listen: on a first start they compile in a background process and nsqd
+# listens without waiting for them. The forward lane (workers/fastlane.py: the forwards of lone PUBs and the
+# owner's own path) only makes the broker faster, beside a Python path that does the same work; it is the costliest
+# step by far, a quarter of a first start's compiling, and until it is in numba's cache the workers use the Python
+# path (Worker._lane_on_when_ready). The rare paths' kernels (_rare) are seconds of compiling too; a process that
+# takes such a path before the background is done compiles what it needs itself.
+LANE = (fastlane.warm_up,)
+DEFERRED = LANE + (_rare,)
 BACKGROUND_NICE = 10  # the background compile yields to a loaded broker's processes (it still gets ~10% of a core)
 FINISH_TIMEOUT = 60.0  # seconds a stopping nsqd waits for it, its last step (Background.finish)
 
 
 class Background:
     """The DEFERRED steps compiling in a child of the supervisor (forked during the warm-up: it inherits no thread
-    and no client). When they are all in numba's cache the child writes the warm-up's mark and sets ``flag``, a
-    byte of anonymous shared memory that every later child of the supervisor (the workers, their replacements)
-    sees; a worker then loads their kernels (``load``) and switches the lane on. A step that fails leaves the
-    flag unset: the workers keep the Python path, and the next start compiles it again."""
+    and no client), the lane's first. When the lane's are in numba's cache the child sets ``flag``, a byte of
+    anonymous shared memory that every later child of the supervisor (the workers, their replacements) sees; a
+    worker then loads the lane's kernels (``load``) and switches it on. The rare paths' kernels come next; a
+    worker loads those from the cache when it first needs them. When all are done the child writes the warm-up's
+    mark. A step that fails leaves the rest undone (the lane's: the flag unset, and the workers keep the Python
+    path), and the next start compiles them again."""
 
     def __init__(self, pid, flag, steps):
         self.pid = pid
@@ -446,28 +470,33 @@ class Background:
                 for i in indices:
                     _wait_for(done, waits.get(i, ()))
                     steps[i]()
+                    if _function(steps[i]) in LANE and log is not None:
+                        log.info(f"compiled the forward lane's kernels in the background in "
+                                 f"{time.monotonic() - t0:.1f}s; the workers switch it on")
+                    if not any(_function(steps[j]) in LANE for j in indices if j > i):
+                        flag[0] = 1
                 touch_mark()
-                flag[0] = 1
                 if log is not None:
-                    log.info(f"compiled the forward lane's kernels in the background in {time.monotonic() - t0:.1f}s"
-                             f"; the workers switch it on")
+                    log.info(f"compiled the rare paths' kernels in the background; {time.monotonic() - t0:.1f}s in all")
                 code = 0
             except BaseException:
                 if log is not None:
                     import traceback
-                    log.error(f"compiling the forward lane failed; the workers go on without it: "
-                              f"{traceback.format_exc().strip()}")
+                    then = ("the rare paths' kernels failed; a process compiles those it needs" if flag[0] else
+                            "the forward lane failed; the workers go on without it")
+                    log.error(f"compiling {then}: {traceback.format_exc().strip()}")
             finally:
                 os._exit(code)
         if log is not None:
-            log.info(f"compiling the forward lane in the background (pid {pid}); nsqd serves without it meanwhile")
-        return cls(pid, flag, [steps[i] for i in indices])
+            log.info(f"compiling the forward lane in the background (pid {pid}), then the rare paths' kernels; "
+                     f"nsqd serves without them meanwhile")
+        return cls(pid, flag, [steps[i] for i in indices if _function(steps[i]) in LANE])
 
     def ready(self):
         return self.flag[0] == 1
 
     def load(self):
-        """In a worker, once ``ready``: the steps again, which now load their kernels from numba's cache."""
+        """In a worker, once ``ready``: the lane's steps again, which now load its kernels from numba's cache."""
         for step in self.steps:
             step()
 
