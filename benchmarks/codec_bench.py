@@ -2,25 +2,23 @@
 
 Prints exactly one JSON line (and writes it to --out FILE too). The warm-up, which includes numba's compile
 (or cache load) time, is timed separately and excluded from the rates.
-Run: python benchmarks/codec_bench.py [--seconds 1.0] [--out FILE]
+Run: python -m benchmarks.codec_bench [--seconds 1.0] [--out FILE]
 """
 
 from __future__ import annotations
 
 import argparse
-import json
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
+from nsqpy.protocol import V2Parser
+from nsqpy.protocol import client
+from nsqpy.protocol.frames import frame_message_batch, message_frame_size
+from nsqpy.protocol.states import STATE_SUBSCRIBED
 
-from nsqpy.protocol import V2Parser  # noqa: E402
-from nsqpy.protocol import client  # noqa: E402
-from nsqpy.protocol.frames import frame_message_batch, message_frame_size  # noqa: E402
-from nsqpy.protocol.states import STATE_SUBSCRIBED  # noqa: E402
+from benchmarks.common import emit, environment
 
 MPUB_MESSAGES, MPUB_BODY = 200, 200
 FIN_LINES = 4000
@@ -90,18 +88,15 @@ def main() -> None:
     for run in cases.values():
         for _ in range(50):
             run()
-    result = {name: round(rate(run, args.seconds)) for name, run in cases.items()}
+    result = {"tool": "codec_bench", **environment()}
+    result.update({name: round(rate(run, args.seconds)) for name, run in cases.items()})
     result.update({
         "numba_compile_or_cache_load_s": round(warmup_s, 3),
         "mpub_shape": f"{MPUB_MESSAGES}x{MPUB_BODY}B", "fin_lines_per_feed": FIN_LINES,
         "frames_per_batch": FRAME_BATCH, "frame_body_bytes": FRAME_BODY,
         "targets": {"mpub_msgs_per_s": 5_000_000, "fin_lines_per_s": 2_000_000, "frames_per_s": 2_000_000},
     })
-    line = json.dumps(result)
-    print(line)
-    if args.out:
-        with open(args.out, "w") as fh:
-            fh.write(line + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":

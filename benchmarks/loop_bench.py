@@ -3,19 +3,21 @@
 Each candidate serves the same tiny request/response protocol as a V2 PUB round trip (a command line plus a
 200-byte body in, an 10-byte OK frame out) in its own process on port 0; client processes keep one request in
 flight per connection, like NSQ's bench_writer with --batch-size=1. Rounds are interleaved (A, B, C, A, B, C,
-...) because this machine is noisy, and the JSON line carries the medians and the ratios to asyncio.
+...) because this machine is noisy, and the JSON line carries the medians and the ratios to asyncio. uvloop is not
+a dependency of nsqpy: without it installed its candidate is left out (``missing``).
 
     python -m benchmarks.loop_bench [--runfor 2] [--rounds 3] [--connections 2] [--out FILE]
 """
 import argparse
-import json
+import importlib.util
 import multiprocessing as mp
-import os
 import socket
 import statistics
 import struct
 import sys
 import time
+
+from benchmarks.common import emit, environment
 
 OK = struct.pack(">ii", 6, 0) + b"OK"
 BODY = b"x" * 200
@@ -93,6 +95,7 @@ def serve_uvloop(sock, ready):
 
 
 SERVERS = {"epoll": serve_epoll, "asyncio": serve_asyncio, "uvloop": serve_uvloop}
+NEEDS = {"uvloop": "uvloop"}  # candidate: the module it needs beyond nsqpy's own dependencies
 
 
 def client(addr, runfor, out):
@@ -142,19 +145,16 @@ def main(argv=None):
     p.add_argument("--connections", type=int, default=2)
     p.add_argument("--out")
     a = p.parse_args(argv)
-    rates = {name: [] for name in SERVERS}
+    missing = [name for name, module in NEEDS.items() if importlib.util.find_spec(module) is None]
+    rates = {name: [] for name in SERVERS if name not in missing}
     for _ in range(a.rounds):
-        for name in SERVERS:
+        for name in rates:
             rates[name].append(run_one(name, a.runfor, a.connections))
     med = {k: statistics.median(v) for k, v in rates.items()}
-    result = {"tool": "loop_bench", "round_trips_per_s": med, "runs": rates,
+    result = {"tool": "loop_bench", "round_trips_per_s": med, "runs": rates, "missing": missing,
               "ratio_to_asyncio": {k: v / med["asyncio"] for k, v in med.items()},
-              "connections": a.connections, "runfor_s": a.runfor, "rounds": a.rounds, "cores": os.cpu_count()}
-    line = json.dumps(result, sort_keys=True)
-    print(line)
-    if a.out:
-        with open(a.out, "w") as f:
-            f.write(line + "\n")
+              "connections": a.connections, "runfor_s": a.runfor, "rounds": a.rounds, **environment()}
+    emit(result, a.out)
     return 0
 
 

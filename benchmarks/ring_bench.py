@@ -8,16 +8,14 @@ Prints ONE JSON line (and writes it to --out FILE when given):
   compile_s.cold/cached: a fresh interpreter importing ipc.ring and running every ring kernel once, with an
       empty numba cache directory and then with the cache it filled.
 
-Usage: python benchmarks/ring_bench.py [--out FILE] [--quick]
+Usage: python -m benchmarks.ring_bench [--out FILE] [--quick]
 """
 from __future__ import annotations
 
 import argparse
-import json
 import mmap
 import multiprocessing
 import os
-import platform
 import select
 import struct
 import subprocess
@@ -26,12 +24,12 @@ import tempfile
 import time
 from pathlib import Path
 
-sys.path.insert(0, str(Path(__file__).resolve().parent.parent))
+import numpy as np
 
-import numpy as np  # noqa: E402
+from ipc.ring import Ring
+from ipc.wake import Wakeups, make_eventfd
 
-from ipc.ring import Ring  # noqa: E402
-from ipc.wake import Wakeups, make_eventfd  # noqa: E402
+from benchmarks.common import emit, environment
 
 CAPACITY = 1 << 22
 BATCH = 256
@@ -241,8 +239,7 @@ def main(argv=None):
     benches = {"ring": bench_ring, "queue": bench_queue, "pipe": bench_pipe}
     bench_ring(BATCH * 4, 100, True)  # compile before measuring
     bench_ring(4, 100, False)
-    result = {"benchmark": "ring", "cpus": os.cpu_count(), "python": platform.python_version(),
-              "records_per_s": {}}
+    result = {"tool": "ring_bench", **environment(), "records_per_s": {}}
     for name, fn in benches.items():
         result["records_per_s"][name] = {
             label: {mode: round(fn(counts[name][batched] // scale, size, batched))
@@ -251,10 +248,7 @@ def main(argv=None):
     result["batch"] = BATCH
     result["wakeup_us"] = bench_wakeup(2000 // scale)
     result["compile_s"] = bench_compile()
-    line = json.dumps(result, separators=(",", ":"))
-    print(line)
-    if args.out:
-        Path(args.out).write_text(line + "\n")
+    emit(result, args.out)
 
 
 if __name__ == "__main__":
