@@ -13,7 +13,7 @@ bytes, each waiting for its OK, for --runfor.
 
 Either driver's ceiling runs against the compiled fast sink (`fast_sink`): the floor a broker can be measured
 against here. (The process driver's used to be the Python sink_server, which answers single PUBs slower than
-nsqd does: a broker at 1.8x its "ceiling", nsqpy_pub_single.json.)
+nsqd does: nsqpy once measured 1.8x that "ceiling".)
 
 The ceiling run first measures the same workers against the stand-in on port 0. Prints `duration - MiB/s -
 ops/s - us/op` on stderr and one JSON line on stdout (with `driver` and `driver_processes`).
