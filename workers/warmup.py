@@ -166,9 +166,8 @@ def _rare(prefix):
     """Kernels of rare paths, none of them needed to listen (DEFERRED): a channel's saved queue loaded at a
     worker's start, a crashed worker's channel rewound (salvage), a topic emptied without channels, the head's
     segment sealed when its tier cannot grow, a link releasing part of a batch, a restarted worker's deferred
-    store rebuilding its heap. Segment names carry the pid: a worker loading them (``Background.load``) runs this
-    beside the others."""
-    with _throwaway_log(f"{prefix}-warmup-rare-{os.getpid()}") as (log, _, _):
+    store rebuilding its heap."""
+    with _throwaway_log(f"{prefix}-warmup-rare") as (log, _, _):
         ch = log.open_channel()
         one = np.ones(1, np.int64)
         at = log.append_private(ch, np.frombuffer(b"queued", np.uint8), one * 0, one * 6, one, one, one, one * 0)
