@@ -2,22 +2,27 @@
 
 Appends go in batches of 200 (an MPUB of bench_writer's shape) and one at a time; delivery reads up to 200
 records for one channel, frames them into an output buffer and advances the cursor (the broker's hot path).
+
+    python -m benchmarks.msglog_bench [--out FILE]
 """
-import json
+import argparse
 import mmap
 import os
-import sys
 import time
 
 import numpy as np
 
-sys.path.insert(0, os.path.dirname(os.path.dirname(os.path.abspath(__file__))))
-from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes  # noqa: E402
+from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+
+from benchmarks.common import emit, environment
 
 SEG, MEM, BODY, BATCH, TOTAL = 8 << 20, 512 << 20, 200, 200, 1_000_000
 
 
-def main():
+def main(argv=None):
+    parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
+    parser.add_argument("--out", help="also write the JSON line to this file")
+    args = parser.parse_args(argv)
     ctrl = mmap.mmap(-1, log_ctrl_nbytes(SEG, MEM))
     log = MessageLog.create(ctrl, 0, segment_size=SEG, mem_bytes=MEM,
                             memory=ShmSegmentProvider(f"nsqpy-bench-{os.getpid()}"))
@@ -49,9 +54,9 @@ def main():
             log.advance(ch, b.next_position)
             framed += b.n
         frame_rate = framed / (time.perf_counter() - t0)
-        print(json.dumps({"bench": "msglog", "body_bytes": BODY, "batch": BATCH,
-                          "appends_per_s_batched": round(batch_rate), "appends_per_s_single": round(single_rate),
-                          "frames_per_s_read_frame_advance": round(frame_rate)}))
+        emit({"tool": "msglog_bench", **environment(), "body_bytes": BODY, "batch": BATCH,
+              "appends_per_s_batched": round(batch_rate), "appends_per_s_single": round(single_rate),
+              "frames_per_s_read_frame_advance": round(frame_rate)}, args.out)
     finally:
         log.destroy()
 

@@ -147,7 +147,7 @@ def main():
             if time.monotonic() > deadline:
                 raise SystemExit(f"stats never showed everything: {len(stats['topics'])} topics, {n_channels} "
                                  f"channels, {n_clients} consumers")
-        some, touch_some = publisher(nsqd.address, topics[::len(topics) // 20][:20])
+        some, touch_some = publisher(nsqd.address, topics[::max(1, len(topics) // 20)][:20])
         every, touch_all = publisher(nsqd.address, topics)
 
         def rebuild():
