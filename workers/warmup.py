@@ -51,10 +51,16 @@ def _protocol():
     IdGenerator(1).next_ids(4, time.time_ns())
 
 
-def _rings():
+def _ring_with_a_record():
+    """-> (buffer, ring) of a small ring holding one record."""
     buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
     ring = Ring.create(buf, 0, 1 << 12)
     ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)  # Ring.write passes any payload read-only
+    return buf, ring
+
+
+def _rings():
+    buf, ring = _ring_with_a_record()
     Ring.attach(buf, 0, 1 << 12, Ring.PRODUCER)  # each child recovers the ends of its rings at its start
     Ring.attach(buf, 0, 1 << 12, Ring.CONSUMER)
     ring.can_claim(3)
@@ -175,9 +181,7 @@ def _rare(prefix):
         log.close_channel(ch)
         log.drop_backlog()
         LK.seal_segment(log.ctrl, log.window.data64)  # a direct call: a tier without room is hard to stage
-    buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
-    ring = Ring.create(buf, 0, 1 << 12)
-    ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)
+    _, ring = _ring_with_a_record()
     ring.read_batch(16)
     ring.release(int(ring.ctl[C_READ]))  # up to a position: a link that refused a record offers it again
     store = DeferredStore(LocalChunks())
@@ -466,14 +470,15 @@ class Background:
                 os.nice(BACKGROUND_NICE)
                 t0 = time.monotonic()
                 waits = dependencies(steps)
+                last_lane = max((i for i in indices if _function(steps[i]) in LANE), default=-1)
                 for i in indices:
                     _wait_for(done, waits.get(i, ()))
                     steps[i]()
-                    if _function(steps[i]) in LANE and log is not None:
-                        log.info(f"compiled the forward lane's kernels in the background in "
-                                 f"{time.monotonic() - t0:.1f}s; the workers switch it on")
-                    if not any(_function(steps[j]) in LANE for j in indices if j > i):
+                    if i == last_lane:
                         flag[0] = 1
+                        if log is not None:
+                            log.info(f"compiled the forward lane's kernels in the background in "
+                                     f"{time.monotonic() - t0:.1f}s; the workers switch it on")
                 touch_mark()
                 if log is not None:
                     log.info(f"compiled the rare paths' kernels in the background; {time.monotonic() - t0:.1f}s in all")
