@@ -1,8 +1,8 @@
 """How long nsqd takes to listen on its first start after an install (numba's cache empty: every kernel compiles)
 and on later starts (loaded from the cache), optionally next to another checkout (a commit before a change).
 
-    python -m benchmarks.first_start [--rounds=2] [--warm-starts=1] [--workers=2] [--no-http] [--baseline-checkout=DIR]
-                                     [--out=FILE]
+    python -m benchmarks.first_start [--rounds=2] [--warm-starts=1] [--moved] [--workers=2] [--no-http]
+                                     [--baseline-checkout=DIR] [--out=FILE]
     python -m benchmarks.first_start --steps[=I,J,...] [--out=FILE]
 
 Each round gives each checkout a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py): a cold start
@@ -11,6 +11,9 @@ fills it, then --warm-starts starts load from it. Each start gets a fresh data p
 `*_http_s` is the time from exec to the `HTTP: listening on` line (the same moment as TCP's for a checkout that
 prints both once every child is ready). Checkouts alternate within a round (the cold starts, then each warm start),
 so a drift in the machine's load hits both alike. Prints one JSON line (commit, cores, command).
+
+--moved adds, after each round's warm starts, a start of a copy of each checkout's packages in another directory
+(a reinstall elsewhere: a new virtualenv, a release directory per deploy) with that checkout's cache (`moved_s`).
 
 nsqd runs with --log-level=debug, so each start is also split into phases (`runs[name]`, lists per round):
 `*_hello_s`, exec to nsqd's first log line (the interpreter, importing numpy, numba and our modules, some
@@ -56,6 +59,7 @@ from benchmarks.process import LISTENING, REPO
 HELLO = re.compile(rb"INFO: nsqd v")
 KERNELS = re.compile(rb"kernels ready in ([0-9.]+)s")
 HTTP_LISTENING = re.compile(rb"HTTP: listening on ")
+PACKAGES = ("ipc", "nsqpy", "workers", "http_api")  # what nsqd runs (an install's site-packages holds these)
 
 
 def start_time(checkout, cache_home, workers, http=True):
@@ -172,6 +176,8 @@ def main(argv=None):
     p.add_argument("--rounds", type=int, default=2)
     p.add_argument("--warm-starts", type=int, default=1,
                    help="warm starts per round and checkout, after its cold start (alternating between checkouts)")
+    p.add_argument("--moved", action="store_true",
+                   help="also time a start of a copy of each checkout elsewhere, on its filled cache (moved_s)")
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--no-http", action="store_true", help="start nsqd with --http-address= (no HTTP API)")
     p.add_argument("--baseline-checkout", default="")
@@ -182,7 +188,8 @@ def main(argv=None):
     checkouts = {"current": REPO}
     if opts.baseline_checkout:
         checkouts["baseline"] = opts.baseline_checkout
-    runs = {name: {"cold_s": [], "warm_s": []} for name in checkouts}
+    kinds = ("cold", "warm") + (("moved",) if opts.moved else ())
+    runs = {name: {f"{kind}_s": [] for kind in kinds} for name in checkouts}
 
     def record(name, kind, total, phases):
         runs[name][f"{kind}_s"].append(round(total, 2))
@@ -197,18 +204,26 @@ def main(argv=None):
             for _ in range(opts.warm_starts):  # alternating between the checkouts
                 for name, checkout in checkouts.items():
                     record(name, "warm", *start_time(checkout, caches[name], opts.workers, not opts.no_http))
+            if opts.moved:
+                for name, checkout in checkouts.items():
+                    with tempfile.TemporaryDirectory(prefix="nsqpy-moved-") as site:
+                        for package in PACKAGES:
+                            shutil.copytree(os.path.join(checkout, package), os.path.join(site, package),
+                                            ignore=shutil.ignore_patterns("__pycache__"))
+                        record(name, "moved", *start_time(site, caches[name], opts.workers, not opts.no_http))
         finally:
             for cache in caches.values():
                 shutil.rmtree(cache, ignore_errors=True)
         for name in checkouts:
             log(f"round {r} {name}: cold {runs[name]['cold_s'][-1]:.1f}s, warm "
-                + ", ".join(f"{w:.2f}s" for w in runs[name]["warm_s"][-opts.warm_starts:]))
+                + ", ".join(f"{w:.2f}s" for w in runs[name]["warm_s"][-opts.warm_starts:])
+                + (f", moved {runs[name]['moved_s'][-1]:.2f}s" if opts.moved else ""))
     medians = {name: {k: statistics.median(v) for k, v in figs.items()} for name, figs in runs.items()}
     result = dict(environment(), tool="first_start", workers=opts.workers, http=not opts.no_http, runs=runs,
                   medians=medians)
     if "baseline" in medians:
         result["baseline_commit"] = git_commit(opts.baseline_checkout)
-        for kind in ("cold", "warm"):
+        for kind in kinds:
             result[f"{kind}_ratio_current_to_baseline"] = round(medians["current"][f"{kind}_s"]
                                                                 / medians["baseline"][f"{kind}_s"], 3)
     emit(result, opts.out)

@@ -14,17 +14,27 @@ and its siblings ``nsqpy/`` and ``workers/``), so any edit there starts a fresh 
 code. Not only the kernels' own files: numba freezes the value of every global a kernel reads into its machine
 code, and keys a cached kernel on its own file's content only, so a constant a kernel imports from a module
 without kernels (``workers.session.FIN_LINE``, ``nsqpy.protocol.states``) would otherwise stay at its old value
-in every cached kernel that uses it. It also covers the directory the code lives in: numba files each kernel
-under its source file's full path, so a second checkout or virtualenv of the same version finds nothing of the
-first one's in a shared directory, and ``workers/warmup.py``'s "warm-up done" mark there would make its first
-start compile every kernel serially, without the line that says so. If that directory cannot be created or
+in every cached kernel that uses it.
+
+The directory does not depend on where the code lives, so a reinstall anywhere (a new virtualenv, a release
+directory per deploy, a second checkout) of the same sources finds the kernels a first start compiled: numba files
+each kernel under a hash of its source file's absolute directory, so ``configure()`` also puts ``SourceTreeLocator``
+first in numba's list of cache locators, which files a kernel of ours under its
+package path inside the chosen directory (``workers``, ``nsqpy_protocol``). Its source stamp is the file's content
+hash, as numba's own locators' are since 0.61, not its mtime, which a reinstall changes. Kernels outside our
+source roots (a test's), an operator's ``NUMBA_CACHE_DIR`` and an operator's ``NUMBA_CACHE_LOCATOR_CLASSES`` keep
+numba's locators.
+If that directory cannot be created or
 written, a per-user directory under the system temp dir is tried; if that fails too, ``CACHE_ENABLED`` is False
 and ``CACHE_DIR`` None: kernels written as ``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while
 ``cache=True`` kernels keep working through the temp-dir fallback, which only a machine without any writable
 directory lacks.
 
 An explicit ``NUMBA_CACHE_DIR`` in the environment wins (an operator's choice); this is the one place below an
-entry point that reads the environment, because numba itself reads it at import time.
+entry point that reads the environment, because numba itself reads it at import time. configure() exports its
+choice (numba re-reads the environment when it compiles), and a program started from such a process inherits
+it: ``NSQPY_NUMBA_CACHE_CHOSEN`` says it was ours, so that program chooses again, for its own sources (another
+checkout's, a reinstall's), instead of taking it for an operator's.
 
 Every edit, upgrade or second checkout leaves a directory of a few MB behind, so ``prune`` (called by a first
 start's warm-up) removes the sibling directories of ours that no start used for PRUNE_AFTER_S: the newest of a
@@ -42,7 +52,8 @@ import tempfile
 import time
 from pathlib import Path
 
-__all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JIT_CALLEE", "source_roots"]
+__all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JIT_CALLEE", "source_roots",
+           "SourceTreeLocator"]
 
 # numba.njit's options for every kernel of ours (`@njit(..., **JIT)`): cached (above), and without the C-callable
 # wrapper numba otherwise builds for each one (for first-class function values, which no kernel of ours is).
@@ -59,6 +70,7 @@ CACHE_ENABLED: bool = False
 KERNEL_CACHE: bool = False
 CHOSEN_HERE: bool = False  # CACHE_DIR is one of ours (not NUMBA_CACHE_DIR from the environment): prune may run
 PRUNE_AFTER_S = 30 * 86400  # a sibling directory of ours that no start used for this long is removed (prune)
+CHOSEN_ENV = "NSQPY_NUMBA_CACHE_CHOSEN"  # NUMBA_CACHE_DIR's value when configure() chose it (not an operator)
 _LEAF = re.compile(r"^.+-py\d+\.\d+-numba[^-]+-[0-9a-f]{12}$")  # configure()'s directory names
 
 
@@ -70,7 +82,6 @@ def source_roots() -> list[Path]:
 def _sources_hash(roots) -> str:
     digest = hashlib.blake2b(digest_size=6)
     for root in roots:
-        digest.update(str(root).encode() + b"\0")  # the code's location: numba keys its entries by full path
         for path in sorted(root.rglob("*.py")):
             try:
                 text = path.read_bytes()
@@ -110,6 +121,8 @@ def configure() -> str | None:
     if CACHE_DIR is not None or CACHE_ENABLED:
         return CACHE_DIR
     chosen = os.environ.get("NUMBA_CACHE_DIR")
+    if chosen and chosen == os.environ.get(CHOSEN_ENV):
+        chosen = None  # a parent's configure() exported it, not an operator: choose for these sources
     CHOSEN_HERE = not chosen
     if not chosen:
         import numba  # version only; compiling nothing
@@ -118,11 +131,90 @@ def configure() -> str | None:
         chosen = next((str(p) for p in _candidates(leaf) if _writable(p)), None)
     if chosen:
         os.environ["NUMBA_CACHE_DIR"] = chosen
+        if CHOSEN_HERE:
+            os.environ[CHOSEN_ENV] = chosen
         from numba.core import config
         config.CACHE_DIR = chosen  # numba read the environment when it was imported
+        if CHOSEN_HERE:
+            _locate_by_package()
     CACHE_DIR, CACHE_ENABLED = chosen, bool(chosen)
     KERNEL_CACHE = CACHE_ENABLED
     return CACHE_DIR
+
+
+class _StampCache:
+    """The content hash of each source file, computed once per (path, mtime, size)."""
+    def __init__(self):
+        self._seen = {}
+
+    def __call__(self, path):
+        st = os.stat(path)
+        key = (path, st.st_mtime_ns, st.st_size)
+        stamp = self._seen.get(key)
+        if stamp is None:
+            with open(path, "rb") as f:
+                stamp = self._seen[key] = hashlib.sha256(f.read()).hexdigest()
+        return stamp
+
+
+_content_stamp = _StampCache()
+
+
+def _package_subpath(py_file):
+    """``nsqpy_protocol`` for .../nsqpy/protocol/states.py under one of our source roots; None elsewhere."""
+    path = Path(py_file).resolve()
+    for root in source_roots():
+        if path.is_relative_to(root):
+            return "_".join(path.parent.relative_to(root.parent).parts)
+    return None
+
+
+def _locator_base():
+    from numba.core.caching import _CacheLocator
+    return _CacheLocator
+
+
+class SourceTreeLocator(_locator_base()):
+    """numba's cache locator for a kernel of ours: its entries in CACHE_DIR/<package path>, stamped by the
+    source file's content, so they do not depend on where the sources are installed (module docstring)."""
+
+    def __init__(self, py_func, py_file, subpath):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = os.path.join(CACHE_DIR, subpath)
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    def get_source_stamp(self):
+        return _content_stamp(self._py_file)
+
+    def get_disambiguator(self):
+        return str(self._lineno)
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if not (CHOSEN_HERE and CACHE_DIR):
+            return None
+        subpath = _package_subpath(py_file)
+        if subpath is None:
+            return None
+        self = cls(py_func, py_file, subpath)
+        try:
+            self.ensure_cache_path()
+        except OSError:
+            return None
+        return self
+
+
+def _locate_by_package():
+    """Put SourceTreeLocator before numba's own locators. An operator's list (NUMBA_CACHE_LOCATOR_CLASSES) still
+    wins: numba reads this class list only when that setting is empty. Not through that setting itself: numba
+    re-reads it from the environment at its next compile (so it would have to be exported, to every child)."""
+    from numba.core import caching
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # numba < 0.62: private names
+    if SourceTreeLocator not in impl._locator_classes:
+        impl._locator_classes.insert(0, SourceTreeLocator)
 
 
 def last_used(path: Path, mark: str) -> float:

@@ -123,11 +123,11 @@ def test_first_start_times_warm_up_steps_compiled_alone_and_deals_them_out():
 
 
 def test_first_start_times_a_cold_and_a_warm_start_of_each_checkout():
-    code, result = run_tool("benchmarks.first_start", "--rounds", "1", "--warm-starts", "2", "--baseline-checkout",
-                            str(REPO), timeout=600)
+    code, result = run_tool("benchmarks.first_start", "--rounds", "1", "--warm-starts", "2", "--moved",
+                            "--baseline-checkout", str(REPO), timeout=600)
     assert code == 0
-    assert [len(result["runs"][name][kind]) for name in ("current", "baseline") for kind in ("cold_s", "warm_s")] \
-        == [1, 2, 1, 2]
+    assert [len(result["runs"][name][kind]) for name in ("current", "baseline")
+            for kind in ("cold_s", "warm_s", "moved_s")] == [1, 2, 1, 1, 2, 1]
     for name in ("current", "baseline"):
         cold, warm = result["medians"][name]["cold_s"], result["medians"][name]["warm_s"]
         assert cold > 0 and warm > 0
@@ -138,3 +138,4 @@ def test_first_start_times_a_cold_and_a_warm_start_of_each_checkout():
     assert result["http"] is True
     assert result["baseline_commit"] == git_commit(str(REPO)) == result["commit"]
     assert result["cold_ratio_current_to_baseline"] > 0 and result["warm_ratio_current_to_baseline"] > 0
+    assert result["moved_ratio_current_to_baseline"] > 0

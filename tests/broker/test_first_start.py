@@ -10,6 +10,7 @@ The forward lane is the exception: a first start compiles it in a background pro
 """
 import json
 import os
+import shutil
 import signal
 import time
 import urllib.request
@@ -17,6 +18,8 @@ from pathlib import Path
 
 from nsqpy.protocol import client as C
 from wire import Conn, consumer, unique, warm_up
+
+ROOT = Path(__file__).resolve().parents[2]
 
 
 def _compiled(cache_home):
@@ -183,3 +186,24 @@ def _emptied_and_saved(nsqd):
         p.send(C.mpub(saved, [b"s0", b"s1", b"s2"]))
         p.expect_response(b"OK")
     return saved
+
+
+def test_the_same_sources_installed_elsewhere_start_warm(nsqd_factory, tmp_path, monkeypatch):
+    """A reinstall into another directory (a new virtualenv, a release directory per deploy) finds the kernels the
+    first install compiled: the cache directory and its entries do not depend on where the code lives
+    (ipc/numba_cache.py, SourceTreeLocator), so only the first start after an upgrade compiles."""
+    from ipc import numba_cache
+    assert nsqd_factory().stop() == 0  # fills this checkout's cache if cold (and waits for the background compile)
+    before = _compiled(Path(numba_cache.CACHE_DIR).parent)  # every cache directory of ours
+    site = tmp_path / "release-2"
+    for package in ("ipc", "nsqpy", "workers", "http_api"):
+        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(site)  # python -m workers.nsqd runs the copy in the working directory
+    moved = nsqd_factory("--log-level=debug")
+    assert "compiling" not in moved.output() and "forward lane on" not in moved.output()  # on from the start
+    assert os.readlink(f"/proc/{moved.proc.pid}/cwd") == str(site)  # so the copy's modules (sys.path[0])
+    with Conn(moved.address) as p:
+        p.send(C.pub(unique(), b"m"))
+        p.expect_response(b"OK")
+    assert moved.stop() == 0
+    assert sorted(_compiled(Path(numba_cache.CACHE_DIR).parent) - before) == []  # loaded, none compiled again
