@@ -115,7 +115,7 @@ def main(argv=None) -> int:
         if data is not None:
             shutil.rmtree(data, ignore_errors=True)
     result = {
-        "benchmark": "client_bench", "size": args.size, "batch_size": args.batch_size, "runfor_s": args.runfor,
+        "tool": "client_bench", "size": args.size, "batch_size": args.batch_size, "runfor_s": args.runfor,
         "nsqd_workers": args.workers if server is not None else None,
         "producer_mpub_msgs": n1, "producer_mpub_s": round(t1, 3), "producer_mpub_msgs_per_s": round(n1 / t1),
         "producer_mpub_pipelined_window": args.window, "producer_mpub_pipelined_msgs_per_s": round(n2 / t2),

@@ -152,7 +152,7 @@ def main(argv=None) -> int:
         if data is not None:
             shutil.rmtree(data, ignore_errors=True)
     result = {
-        "benchmark": "spark_bench", "master": args.master, "partitions": args.partitions, "size": args.size,
+        "tool": "spark_bench", "master": args.master, "partitions": args.partitions, "size": args.size,
         "rows": args.rows, "mpub_batch": args.batch, "nsqd_workers": args.workers if server is not None else None,
         "python_producer_rows_per_s": round(args.rows / t_py),
         "foreach_partition_rows_per_s": round(args.rows / t_fp), "foreach_partition_s": round(t_fp, 3),

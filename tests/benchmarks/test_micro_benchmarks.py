@@ -7,7 +7,7 @@ from benchmarks.process import run_tool
 
 
 def assert_recorded(result: dict, tool: str) -> None:
-    assert result.get("tool", result.get("benchmark")) == tool  # client_bench and spark_bench name it "benchmark"
+    assert result["tool"] == tool
     assert result["command"].startswith(f"python -m benchmarks.{tool}")
     assert result["commit"] and result["cores"] >= 1
 
