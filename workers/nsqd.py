@@ -11,6 +11,7 @@ means that listener's connections are served: TCP's once the acceptor, the worke
 once every child is.
 """
 import gc
+import os
 import platform
 import sys
 import time
@@ -168,12 +169,29 @@ def _failed_start(sup, log):
     return 1
 
 
+def compile_only(log):
+    """--compile-only: every warm-up step, the deferred ones too, into numba's cache (in one process per core when
+    it is cold); -> the exit code. The next nsqd of these sources, wherever installed, then only loads them."""
+    from ipc import numba_cache
+    if not numba_cache.CACHE_ENABLED:
+        log.fatal("numba's cache directory is not writable (ipc/numba_cache.py): the kernels would compile for "
+                  "this process only")
+        return 1
+    t0 = time.monotonic()
+    warm_up(f"/nsqpy-compile{os.getpid()}-", log, defer=False)
+    log.info(f"kernels ready in {time.monotonic() - t0:.2f}s in {numba_cache.CACHE_DIR}")
+    return 0
+
+
 def main(argv=None):
     opts = NsqdOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqd")
     if opts.version:
         print(version_string())
         return 0
     log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    if opts.compile_only:
+        log.info(version_string())
+        return compile_only(log)
     plan = None
     try:
         support = _check(opts, log)

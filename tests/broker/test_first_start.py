@@ -12,6 +12,8 @@ import json
 import os
 import shutil
 import signal
+import subprocess
+import sys
 import time
 import urllib.request
 from pathlib import Path
@@ -207,3 +209,33 @@ def test_the_same_sources_installed_elsewhere_start_warm(nsqd_factory, tmp_path,
         p.expect_response(b"OK")
     assert moved.stop() == 0
     assert sorted(_compiled(Path(numba_cache.CACHE_DIR).parent) - before) == []  # loaded, none compiled again
+
+
+def test_compile_only_fills_the_cache_so_that_the_next_start_loads_every_kernel(nsqd_factory, tmp_path,
+                                                                                 monkeypatch):
+    """nsqd --compile-only after an install or upgrade, before the service restarts: the restart compiles nothing,
+    the forward lane and the rare paths' kernels included, and it leaves no shared memory behind."""
+    monkeypatch.setenv("XDG_CACHE_HOME", str(tmp_path / "cache"))
+    monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
+    segments = set(os.listdir("/dev/shm"))
+
+    def compile_only():
+        out = subprocess.run([sys.executable, "-m", "workers.nsqd", "--compile-only"], stdout=subprocess.PIPE,
+                             stderr=subprocess.STDOUT, text=True, timeout=900)
+        assert out.returncode == 0, out.stdout
+        return out.stdout
+
+    assert "compiling the broker's kernels" in compile_only()
+    compiled = _compiled(tmp_path / "cache")
+    assert "compiling" not in compile_only()  # already there
+    assert [s for s in set(os.listdir("/dev/shm")) - segments if "compile" in s] == []
+    nsqd = nsqd_factory("--log-level=debug")
+    assert "compiling" not in nsqd.output() and "forward lane on" not in nsqd.output()  # on from the start
+    _traffic(nsqd)
+    saved = _emptied_and_saved(nsqd)  # a rare path: a topic emptied without channels
+    assert nsqd.stop() == 0
+    again = nsqd_factory(data=Path(nsqd.data_path))  # another: saved channel queues loaded at a worker's start
+    with consumer(again.address, saved, "ch", rdy=10) as c:
+        assert len(c.read_messages(3, timeout=60)) == 3
+    assert again.stop() == 0
+    assert sorted(_compiled(tmp_path / "cache") - compiled) == []
