@@ -17,18 +17,18 @@ without kernels (``workers.session.FIN_LINE``, ``nsqpy.protocol.states``) would 
 in every cached kernel that uses it.
 
 The directory does not depend on where the code lives, so a reinstall anywhere (a new virtualenv, a release
-directory per deploy, a second checkout) of the same sources finds the kernels a first start compiled: numba files
-each kernel under a hash of its source file's absolute directory, so ``configure()`` also puts ``SourceTreeLocator``
-first in numba's list of cache locators, which files a kernel of ours under its
-package path inside the chosen directory (``workers``, ``nsqpy_protocol``). Its source stamp is the file's content
-hash, as numba's own locators' are since 0.61, not its mtime, which a reinstall changes. Kernels outside our
-source roots (a test's), an operator's ``NUMBA_CACHE_DIR`` and an operator's ``NUMBA_CACHE_LOCATOR_CLASSES`` keep
-numba's locators.
-If that directory cannot be created or
-written, a per-user directory under the system temp dir is tried; if that fails too, ``CACHE_ENABLED`` is False
-and ``CACHE_DIR`` None: kernels written as ``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while
-``cache=True`` kernels keep working through the temp-dir fallback, which only a machine without any writable
-directory lacks.
+directory per deploy, a second checkout) of the same sources finds the kernels a first start compiled. numba
+itself files each kernel under a hash of its source file's absolute directory, so ``configure()`` also puts
+``SourceTreeLocator`` first in numba's list of cache locators: it files a kernel of ours under its package path
+inside the chosen directory (``workers``, ``nsqpy_protocol``), stamped by the source file's content hash (as
+numba 0.68's own locators are), not by its mtime, which a reinstall changes. Kernels outside our source roots (a
+test's), an operator's ``NUMBA_CACHE_DIR`` and an operator's ``NUMBA_CACHE_LOCATOR_CLASSES`` keep numba's
+locators.
+
+If the chosen directory cannot be created or written, a per-user directory under the system temp dir is tried;
+if that fails too, ``CACHE_ENABLED`` is False and ``CACHE_DIR`` None: kernels written as
+``@njit(cache=KERNEL_CACHE, ...)`` then compile in memory only, while ``cache=True`` kernels keep working through
+the temp-dir fallback, which only a machine without any writable directory lacks.
 
 An explicit ``NUMBA_CACHE_DIR`` in the environment wins (an operator's choice); this is the one place below an
 entry point that reads the environment, because numba itself reads it at import time. configure() exports its
@@ -212,7 +212,7 @@ def _locate_by_package():
     wins: numba reads this class list only when that setting is empty. Not through that setting itself: numba
     re-reads it from the environment at its next compile (so it would have to be exported, to every child)."""
     from numba.core import caching
-    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # numba < 0.62: private names
+    impl = getattr(caching, "CacheImpl", None) or caching._CacheImpl  # older numba: a private name
     if SourceTreeLocator not in impl._locator_classes:
         impl._locator_classes.insert(0, SourceTreeLocator)
 
