@@ -254,8 +254,8 @@ class NsqdOptions(DaemonOptions):
                                         "80: set it lower there", nsqpy_only=True)
     compile_only: bool = option(Bool(), False, "nsqpy only: compile the broker's numba kernels into their cache "
                                 "(or find them there) and exit without starting; run it after an install or upgrade, "
-                                "before the service restarts, so that the restart loads them in about a second "
-                                "instead of compiling for many", from_file=False, reported=False, nsqpy_only=True)
+                                "before the service restarts, so that the restart loads them instead of compiling "
+                                "them", from_file=False, reported=False, nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.
