@@ -3,8 +3,8 @@ Consumer draining what was published (its handler does nothing; each message is 
 
     .venv/bin/python -m benchmarks.client_bench [--runfor=10s] [--size=200] [--batch-size=200]
 
-Starts nsqd on port 0 (unless --nsqd-tcp-address is given), prints one JSON line and writes it to --out
-(benchmarks/results/client_bench.json by default). Figures:
+Starts nsqd on port 0 (unless --nsqd-tcp-address is given), prints one JSON line and, given --out, writes it there
+(a new results file: a run never replaces a committed one). Figures:
   producer_mpub_msgs_per_s            one MPUB at a time, each waiting for its OK (NSQ's bench_writer method)
   producer_mpub_pipelined_msgs_per_s  up to --window MPUBs awaiting their OK at once (mpub_async)
   consumer_msgs_per_s                 the Consumer (max_in_flight --rdy) receiving + FINing every message
@@ -25,7 +25,6 @@ from benchmarks.common import duration_s, emit, environment, host_port, log
 from benchmarks.process import ListeningProcess, python_module
 from nsqpy.client import Consumer, Producer
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "client_bench.json")
 
 
 def produce(address: str, topic: str, body: bytes, batch: int, runfor: float, window: int) -> tuple[int, float]:
@@ -86,7 +85,7 @@ def main(argv=None) -> int:
     p.add_argument("--batch-size", type=int, default=200)
     p.add_argument("--window", type=int, default=16, help="MPUBs in flight for the pipelined figure")
     p.add_argument("--rdy", type=int, default=2500, help="consumer max_in_flight")
-    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--out", default="")
     args = p.parse_args(argv)
     server = None
     data = None

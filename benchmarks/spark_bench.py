@@ -12,8 +12,8 @@
 
     .venv/bin/python -m benchmarks.spark_bench [--rows=1000000] [--stream-rows=200000] [--size=200]
 
-Starts nsqd on port 0 (unless --nsqd-tcp-address is given), prints one JSON line and writes it to --out
-(benchmarks/results/spark_bench.json by default). Rows are --size bytes; Spark's jobs run once on a few rows
+Starts nsqd on port 0 (unless --nsqd-tcp-address is given), prints one JSON line and, given --out, writes it there
+(a new results file: a run never replaces a committed one). Rows are --size bytes; Spark's jobs run once on a few rows
 first, so that JVM and Python worker start-up stay outside the timed runs (but not outside the stream's).
 """
 
@@ -31,7 +31,6 @@ from benchmarks.common import emit, environment, host_port, log
 from benchmarks.process import ListeningProcess, python_module
 from nsqpy.client import Consumer
 
-RESULTS = os.path.join(os.path.dirname(os.path.abspath(__file__)), "results", "spark_bench.json")
 
 
 class Counter:
@@ -85,7 +84,7 @@ def main(argv=None) -> int:
     p.add_argument("--max-rows-per-batch", type=int, default=10000, help="streaming micro-batch rows")
     p.add_argument("--max-in-flight", type=int, default=20000, help="the streaming reader's max_in_flight")
     p.add_argument("--timeout", type=float, default=600.0)
-    p.add_argument("--out", default=RESULTS)
+    p.add_argument("--out", default="")
     args = p.parse_args(argv)
 
     from nsqpy.spark import publish_partition, session
