@@ -43,6 +43,7 @@ this module chose is pruned around, never around an operator's ``NUMBA_CACHE_DIR
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import os
 import re
@@ -51,6 +52,8 @@ import sys
 import tempfile
 import time
 from pathlib import Path
+
+from numba.core.caching import _CacheLocator  # the base of numba's cache locators
 
 __all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JIT_CALLEE", "source_roots",
            "SourceTreeLocator"]
@@ -142,22 +145,16 @@ def configure() -> str | None:
     return CACHE_DIR
 
 
-class _StampCache:
-    """The content hash of each source file, computed once per (path, mtime, size)."""
-    def __init__(self):
-        self._seen = {}
-
-    def __call__(self, path):
-        st = os.stat(path)
-        key = (path, st.st_mtime_ns, st.st_size)
-        stamp = self._seen.get(key)
-        if stamp is None:
-            with open(path, "rb") as f:
-                stamp = self._seen[key] = hashlib.sha256(f.read()).hexdigest()
-        return stamp
+@functools.lru_cache(maxsize=None)
+def _content_hash(path, mtime_ns, size):
+    with open(path, "rb") as f:
+        return hashlib.sha256(f.read()).hexdigest()
 
 
-_content_stamp = _StampCache()
+def _content_stamp(path):
+    """A source file's content hash, computed once per (path, mtime, size)."""
+    st = os.stat(path)
+    return _content_hash(path, st.st_mtime_ns, st.st_size)
 
 
 def _package_subpath(py_file):
@@ -169,12 +166,7 @@ def _package_subpath(py_file):
     return None
 
 
-def _locator_base():
-    from numba.core.caching import _CacheLocator
-    return _CacheLocator
-
-
-class SourceTreeLocator(_locator_base()):
+class SourceTreeLocator(_CacheLocator):
     """numba's cache locator for a kernel of ours: its entries in CACHE_DIR/<package path>, stamped by the
     source file's content, so they do not depend on where the sources are installed (module docstring)."""
 

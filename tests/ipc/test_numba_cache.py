@@ -25,6 +25,13 @@ def probe(tmp_path, root=ROOT, **env):
     return out.stdout.split()
 
 
+def _install(site):
+    """A copy of our source roots in ``site``, as an install there would have them (no bytecode)."""
+    for package in ("ipc", "nsqpy", "workers"):
+        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
 def test_versioned_directory_under_xdg_cache_home_and_reused(tmp_path):
     chosen, numba_sees, hits = probe(tmp_path, XDG_CACHE_HOME=str(tmp_path / "xdg"))
     assert chosen == numba_sees and chosen.startswith(str(tmp_path / "xdg" / "nsqpy"))
@@ -38,9 +45,7 @@ def test_versioned_directory_under_xdg_cache_home_and_reused(tmp_path):
 def test_a_reinstall_in_place_keeps_the_cache(tmp_path):
     """pip writes every file anew (new mtimes, same content): the same directory, and numba's entries still load
     (it stamps a kernel's source by its content)."""
-    installed = tmp_path / "site"
-    for package in ("ipc", "nsqpy", "workers"):
-        shutil.copytree(ROOT / package, installed / package, ignore=shutil.ignore_patterns("__pycache__"))
+    installed = _install(tmp_path / "site")
     first = probe(tmp_path, installed, XDG_CACHE_HOME=str(tmp_path / "xdg"))
     later = time.time() + 3600
     for path in installed.rglob("*.py"):
@@ -52,11 +57,7 @@ def test_a_reinstall_in_place_keeps_the_cache(tmp_path):
 def test_a_reinstall_elsewhere_loads_the_kernels_a_first_install_compiled(tmp_path):
     """A new virtualenv or release directory with the same sources: the same directory, whose entries load there
     (numba would file them under the first install's absolute path)."""
-    sites = []
-    for name in ("release-1", "release-2"):
-        sites.append(tmp_path / name / "site-packages")
-        for package in ("ipc", "nsqpy", "workers"):
-            shutil.copytree(ROOT / package, sites[-1] / package, ignore=shutil.ignore_patterns("__pycache__"))
+    sites = [_install(tmp_path / name / "site-packages") for name in ("release-1", "release-2")]
     first = probe(tmp_path, sites[0], XDG_CACHE_HOME=str(tmp_path / "xdg"))
     again = probe(tmp_path, sites[1], XDG_CACHE_HOME=str(tmp_path / "xdg"))
     assert again[0] == first[0] and first[2] == "0" and int(again[2]) > 0
