@@ -77,9 +77,10 @@ CHOSEN_ENV = "NSQPY_NUMBA_CACHE_CHOSEN"  # NUMBA_CACHE_DIR's value when configur
 _LEAF = re.compile(r"^.+-py\d+\.\d+-numba[^-]+-[0-9a-f]{12}$")  # configure()'s directory names
 
 
-def source_roots() -> list[Path]:
+@functools.lru_cache(maxsize=None)
+def source_roots() -> tuple[Path, ...]:
     here = Path(__file__).resolve().parent
-    return [p for p in (here, here.parent / "nsqpy", here.parent / "workers") if p.is_dir()]
+    return tuple(p for p in (here, here.parent / "nsqpy", here.parent / "workers") if p.is_dir())
 
 
 def _sources_hash(roots) -> str:
@@ -157,8 +158,10 @@ def _content_stamp(path):
     return _content_hash(path, st.st_mtime_ns, st.st_size)
 
 
+@functools.lru_cache(maxsize=None)
 def _package_subpath(py_file):
-    """``nsqpy_protocol`` for .../nsqpy/protocol/states.py under one of our source roots; None elsewhere."""
+    """``nsqpy_protocol`` for .../nsqpy/protocol/states.py under one of our source roots; None elsewhere. Once
+    per module: a start creates ~170 kernels, and resolving the path for each cost a warm start ~30 ms."""
     path = Path(py_file).resolve()
     for root in source_roots():
         if path.is_relative_to(root):
@@ -192,11 +195,16 @@ class SourceTreeLocator(_CacheLocator):
         if subpath is None:
             return None
         self = cls(py_func, py_file, subpath)
-        try:
-            self.ensure_cache_path()
-        except OSError:
-            return None
+        if self._cache_path not in _ENSURED:  # numba's check writes a temporary file: once per directory
+            try:
+                self.ensure_cache_path()
+            except OSError:
+                return None
+            _ENSURED.add(self._cache_path)
         return self
+
+
+_ENSURED: set[str] = set()  # cache directories SourceTreeLocator found writable in this process
 
 
 def _locate_by_package():
