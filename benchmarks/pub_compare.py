@@ -20,7 +20,8 @@ on port 0 or a fixed port and log NSQ's ``TCP: listening on HOST:PORT`` line), r
 --runfor and stops it, so no run inherits another's topic, backlog or warm caches. The default server is nsqpy
 (``{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}``); add Go nsqd
 (``--server 'go=/path/nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 --data-path={data_path}'``) or
-an older nsqpy from a git worktree (``--server before=... --cwd before=/path/to/worktree``).
+an older nsqpy from a git worktree (``--server before=... --cwd before=/path/to/worktree``; ``cwd_commits``
+records each such checkout's commit).
 
 The load is NSQ's own: with --go-bench-writer, Go's ``bench_writer --batch-size=1 --size=200`` with GOMAXPROCS set
 to the connection count (it opens one blocking connection per GOMAXPROCS); without, this repository's
@@ -44,7 +45,7 @@ import subprocess
 import sys
 import tempfile
 
-from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, log, positive_ints
+from benchmarks.common import BenchError, CORES, cli, duration_s, emit, environment, git_commit, log, positive_ints
 from benchmarks.process import REPO, ListeningProcess, run_tool
 from benchmarks.wire import Connection
 from nsqpy.protocol import client
@@ -241,7 +242,8 @@ def main(argv=None) -> int:
     for c, row in ratios.items():
         log(f"pub_compare: {c} connections: " + ", ".join(
             f"{list(servers)[0]}/{n} = {r:.3f}" for n, r in row.items() if r))
-    result = {"tool": "pub_compare", "servers": servers, "cwd": cwds, "rounds": opts.rounds,
+    result = {"tool": "pub_compare", "servers": servers, "cwd": cwds,
+              "cwd_commits": {name: git_commit(path) for name, path in cwds.items()}, "rounds": opts.rounds,
               "runfor_s": opts.runfor, "size": opts.size, "batch_size": opts.batch_size,
               "connections": opts.connections,
               "load": load_of(opts)[0], "read_preload": opts.read, "rdy": opts.rdy if opts.read else None,

@@ -85,8 +85,9 @@ def test_pub_compare_runs_a_fresh_nsqpy_per_run_and_reports_its_cpu():
                             "--server", "nsqpy={python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= "
                             "--data-path={data_path} --workers=2", "--server", "spread={python} -m workers.nsqd "
                             "--tcp-address=127.0.0.1:0 --http-address= --data-path={data_path} --workers=2 "
-                            "--producer-placement=spread", timeout=300)
+                            "--producer-placement=spread", "--cwd", f"spread={REPO}", timeout=300)
     assert code == 0 and result["errors"] == 0
+    assert result["cwd"] == {"spread": REPO} and result["cwd_commits"] == {"spread": git_commit(REPO)}
     assert set(result["medians"]["2"]) == {"nsqpy", "spread"} and result["medians"]["2"]["nsqpy"] > 0
     assert result["ratios"]["2"]["spread"] > 0
     assert all(run["server_cpu_us_per_msg"] > 0 for run in result["runs"])
