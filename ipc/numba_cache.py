@@ -161,7 +161,7 @@ def _content_stamp(path):
 @functools.lru_cache(maxsize=None)
 def _package_subpath(py_file):
     """``nsqpy_protocol`` for .../nsqpy/protocol/states.py under one of our source roots; None elsewhere. Once
-    per module: a start creates ~170 kernels, and resolving the path for each cost a warm start ~30 ms."""
+    per module, not once for each of its kernels (a warm start's imports create ~170; first_start_locator.json)."""
     path = Path(py_file).resolve()
     for root in source_roots():
         if path.is_relative_to(root):
