@@ -195,16 +195,13 @@ class SourceTreeLocator(_CacheLocator):
         if subpath is None:
             return None
         self = cls(py_func, py_file, subpath)
-        if self._cache_path not in _ENSURED:  # numba's check writes a temporary file: once per directory
-            try:
-                self.ensure_cache_path()
-            except OSError:
-                return None
-            _ENSURED.add(self._cache_path)
-        return self
+        return self if _directory_writable(self._cache_path) else None
 
 
-_ENSURED: set[str] = set()  # cache directories SourceTreeLocator found writable in this process
+@functools.lru_cache(maxsize=None)
+def _directory_writable(path: str) -> bool:
+    """``_writable`` once per directory and process: a locator is made for each kernel at import."""
+    return _writable(Path(path))
 
 
 def _locate_by_package():
