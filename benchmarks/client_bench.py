@@ -26,7 +26,6 @@ from benchmarks.process import ListeningProcess, python_module
 from nsqpy.client import Consumer, Producer
 
 
-
 def produce(address: str, topic: str, body: bytes, batch: int, runfor: float, window: int) -> tuple[int, float]:
     bodies = [body] * batch
     sent = 0

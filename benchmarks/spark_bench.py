@@ -32,7 +32,6 @@ from benchmarks.process import ListeningProcess, python_module
 from nsqpy.client import Consumer
 
 
-
 class Counter:
     """Counts what arrives on topic/channel (FIN each); `wait(n)` blocks until n arrived or the timeout."""
 
