@@ -118,12 +118,22 @@ def test_several_producers_make_one_record_each_read(rig):
         assert recv_exactly(s, len(OK_FRAME)) == OK_FRAME
 
 
-def test_a_batch_is_left_to_python(rig):
-    """An MPUB of several messages already shares one loop iteration among them: the commit publishes it."""
+def test_a_batch_is_forwarded_as_one_record_with_one_ok(rig):
+    """An MPUB of several messages (a batch producer's) goes through the lane too: one record, its bodies in order,
+    one OK for the command."""
     peer, there = rig.client()
-    there.sendall(C.mpub("theirs", [b"two", b"three"]))
+    bodies = [b"two", b"three", b"x" * 300]
+    there.sendall(C.mpub("theirs", bodies))
     assert rig.lane.poll(30.0) == []
-    assert rig.pump.staged == 2 and forwarded(rig) == []
+    assert rig.lane.forwards == 1 and rig.pump.staged == 0
+    [(topic, got, ts, defer)] = forwarded(rig)
+    assert (topic, got, defer) == ("theirs", bodies, 0)
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    there.setblocking(False)  # the lane sent what it sends before poll returned (a socketpair delivers at once)
+    with pytest.raises(BlockingIOError):
+        there.recv(1)
+    rig.pump.settle(peer)
+    assert peer.pub_counts == {"theirs": 3}
 
 
 def test_the_sleeping_owner_is_woken_once_and_counted(rig):
