@@ -11,7 +11,11 @@ numba, with libc called directly (``ipc.sysio``):
   socket into one big buffer. A read that is exactly one complete, valid PUB for a topic name the pump already
   knows, on a session whose parser holds nothing (``clean``), is *staged*: fd, body position, topic id. Every
   other read comes back as *data* for the session's parser (``Session.on_data``), and an end of stream or a
-  socket error as *closed*. Python looks only at data and closed results.
+  socket error as *closed*. Python looks only at data and closed results. A read that is the start of a PUB or
+  MPUB, its size included, first gets one more ``recv`` for exactly the rest (``short_by``): epoll may wake
+  us while a big command is still arriving, and by then the rest often has (a batch producer writes its MPUB
+  in one call), which spares that command the parser's Python path. Whatever that recv brings, the read is
+  then judged as a whole, as before.
 * ``commit`` (the worker's idle step, once per loop iteration, before the buffer is reused) publishes each
   topic's staged bodies as one batch, straight from the buffer, and then ``_settle_and_send`` sends every OK in one
   compiled loop. A session with output already queued (``busy``), or whose OK did not fit in the socket, gets
@@ -180,6 +184,33 @@ def lone_mpub_line(buf, at, got, max_msg, max_body):
     return nl, n
 
 
+@njit(**JIT)
+def short_by(buf, at, got):
+    """How many bytes buf[at:at+got] lacks to be one whole `PUB <name>\n<size><body>` or `MPUB <name>\n<body size>
+    <body>` when it is the start of one and already holds the size (the rest of a command the kernel had only
+    partly received), else 0. Nothing is validated here: a read completed this way still goes through
+    lone_pub_line/lone_mpub_line (or to the parser)."""
+    if got >= 5 and buf[at] == _MPUB[0]:
+        first = 5
+        for i in range(5):
+            if buf[at + i] != _MPUB[i]:
+                return 0
+    elif got >= 4:
+        first = 4
+        for i in range(4):
+            if buf[at + i] != _PUB[i]:
+                return 0
+    else:
+        return 0
+    for i in range(first + 1, min(got, first + MAX_NAME_LENGTH + 1)):
+        if buf[at + i] == 10:
+            if i + 5 > got:
+                return 0
+            total = i + 5 + S.be32(buf, at + i + 1)
+            return total - got if total > got else 0
+    return 0
+
+
 @njit(inline="always", **JIT_CALLEE)
 def _stage(st, k, fd, fd_gen, t, off, length, n, last):
     st[ST_FD, k] = fd
@@ -217,6 +248,13 @@ def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, na
             continue
         last_read[fd] = now
         if clean[fd] and staged < MAX_STAGED:
+            short = short_by(buf, cur, got)
+            if 0 < short <= READ_SIZE - got:
+                # the rest of a PUB/MPUB the kernel had only partly received when epoll woke us: by now it has
+                # often arrived (the sender wrote it in one call), and one recv spares the parser's Python path
+                more = S.recv_into(fd, buf, cur + got, short)
+                if more > 0:
+                    got += more
             nl = lone_pub_line(buf, cur, got, max_msg)
             if nl > 0:
                 t = find_topic(buf, cur + 4, nl - 4, names, name_lens, table)

@@ -22,7 +22,7 @@ from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
 from workers.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
 from workers.pump import (AUTO, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, lone_mpub_line,
-                          lone_pub_line, move_decision)
+                          lone_pub_line, move_decision, short_by)
 from workers.records import owner_of
 from tests.polling import wait_until
 from wire import Conn, consumer, unique
@@ -138,6 +138,34 @@ def test_compiled_recogniser_takes_the_round_trip_and_leaves_the_rest(table):
     assert classify(table, C.pub("t", b"x" * 65)) is None             # E_BAD_MESSAGE is the parser's to send
     assert classify(table, b"PUB t\n\x00\x00\x00\x00") is None         # size 0
     assert classify(table, b"PUB t\r\n\x00\x00\x00\x01x") is None      # "t\r" is not "t"
+
+
+def missing(data):
+    """What the pump's read would try to receive more of after a read of exactly `data` (``short_by``)."""
+    return short_by(np.frombuffer(data, np.uint8).copy(), 0, len(data))
+
+
+@settings(max_examples=200, deadline=None)
+@given(st.one_of(st.builds(C.pub, st.sampled_from(KNOWN), st.binary(min_size=1, max_size=300)),
+                 st.builds(C.mpub, st.sampled_from(KNOWN),
+                           st.lists(st.binary(min_size=1, max_size=64), min_size=1, max_size=5))),
+       st.data())
+def test_a_partly_received_publish_names_exactly_what_it_lacks(command, data):
+    """Once a read holds a PUB's or MPUB's size, the pump asks for the rest of that command and no byte more; before
+    that (or when it is whole) it asks for nothing."""
+    cut = data.draw(st.integers(min_value=0, max_value=len(command)))
+    size_end = command.index(b"\n") + 5
+    assert missing(command[:cut]) == (len(command) - cut if size_end <= cut else 0)
+
+
+def test_only_a_publish_is_completed():
+    assert missing(C.nop()) == 0
+    assert missing(b"FIN 0123456789abcdef\n") == 0
+    assert missing(b"DPUB t 10\n\x00\x00\x00\x05ab") == 0    # the parser's, as ever
+    assert missing(b"PUB t\n\x00\x00\x00\x05ab") == 3
+    assert missing(b"PUBX t\n\x00\x00\x00\x05ab") == 0
+    assert missing(b"MPUB t\n\x00\x01\x00\x00") == 65536    # more than one recv takes: the read asks for none
+    assert missing(b"PUB " + b"t" * 70 + b"\n\x00\x00\x00\x05") == 0  # no newline within a name's length
 
 
 @pytest.mark.parametrize("verb", ["PUB", "MPUB"])
