@@ -10,8 +10,9 @@ and at one message per iteration it sets the round trip (ARCHITECTURE.md, "Singl
 
 So, when the loop is about to block (its idle step found nothing to do and armed its wake-up flag), it calls
 ``FastLane.poll`` instead of epoll's poll. ``serve`` (compiled) waits on the loop's own epoll set and, as long
-as the only thing ready is the pump and what the pump reads is whole PUBs or MPUBs for one topic owned by
-another worker, does the iteration itself:
+as the only thing ready is the pump and what the pump reads is whole PUBs, MPUBs of one message (which NSQ's
+bench_writer sends for --batch-size=1) or a batch producer's MPUBs (below) for one topic owned by another
+worker, does the iteration itself:
 read, pack the staged bodies into one FORWARD record straight into the owner's ring (``workers/records.py``'s
 layout), wake the owner if its flag says it sleeps (``ipc/wake.py``), count the forward in ``OwnerNaps``, and
 send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It returns to Python with:
@@ -19,9 +20,9 @@ send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It ret
 * R_EVENTS: something else is ready (a ring's eventfd, the hand-over channel, a signal, a second ready fd): the
   events, as epoll's poll would have returned them;
 * R_READ: the pump's read found something the lane does not do (data for a session's parser, a closed socket, a PUB
-  to a topic this worker owns that is not armed or that the kernel gave up on, PUBs to several topics, a full ring,
-  a topic its owner marked full, a forward too big for the ring): ``Pump.after_read`` takes it, exactly as after
-  the loop's own read, and the idle step commits what was staged;
+  to a topic this worker owns that is not armed or that the kernel gave up on, PUBs to several topics, an MPUB of
+  2 to BATCH - 1 messages, a full ring, a topic its owner marked full, a forward too big for the ring):
+  ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step commits what was staged;
 * R_SETTLED: a forward was committed but an OK needs Python (queued output, a partial send), or a tally or a
   producer move does (``Pump.settled``);
 * R_OWN: what the pump read was PUBs or MPUBs (at most ``ownpath.MAX_N`` messages in all) to the topic of this
@@ -43,9 +44,12 @@ lane (R_EVENTS). A forward never overtakes a parked one: the lane is not used wh
 claim that fails leaves the ring as a failed ``Ring.write`` would (its WANT/OUTGROWN words then make Python's
 own attempt reserve pages), and the staged messages are still in the pump for Python's commit.
 
-MPUBs of many messages go through the lane too: a batch producer (NSQ's bench_writer sends MPUBs of 200) waits
-for each OK, and without the lane each of its MPUBs cost the forwarding worker a whole pass of the Python loop
-(ARCHITECTURE.md, "Single PUB: cost model", on batch producers). The own path takes small MPUBs too: a paced
+Batches take the lane when they are a batch producer's, an MPUB of BATCH messages or more: such a producer
+(NSQ's bench_writer sends MPUBs of 200) waits for each OK, and without the lane each MPUB cost the forwarding
+worker a whole pass of the Python loop (ARCHITECTURE.md, "Single PUB: cost model", on batch producers). A
+smaller MPUB is usually a paced producer's, sending whatever fell due (the latency tool): answered at once,
+it sends the next one sooner and smaller, each one more ring record and wake-up for the owner, and at 100k
+msgs/s p99 latency leaned worse in the runs that tried it. The own path takes small MPUBs too: a paced
 producer (the latency tool at 10k msgs/s, an app that sends whatever fell due) often sends MPUBs of two or
 three, and there each one is also its consumers' delivery, which the Python commit path would otherwise do.
 
@@ -67,7 +71,7 @@ from ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from ipc.wake import wake_check
 from workers.handover import owner_nap
 from workers.ownpath import MAX_FINS, OW_ARMED, OW_FINS, OW_T, WORDS, idle_args, own_fin, own_publish
-from workers.pump import MAX_EVENTS, ST_LEN, ST_OFF, ST_TOPIC, _read, _settle_and_send
+from workers.pump import MAX_EVENTS, ST_LEN, ST_N, ST_OFF, ST_TOPIC, _read, _settle_and_send
 from workers.records import FORWARD, FWD_HEAD, pack_bodies
 
 R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN = range(5)
@@ -75,6 +79,7 @@ RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FO
 SLICE = 0.005        # seconds a busy lane runs before it lets the idle step run
 SKIP_AFTER_MISS = 32  # loop iterations without the lane after MISSES_BEFORE_SKIP calls that did nothing
 MISSES_BEFORE_SKIP = 4  # in a row: neither forwarded nor published (an owner's own PUBs alternate with FINs)
+BATCH = 64           # an MPUB of at least this many messages takes the lane (a batch producer's)
 FWD_HEAD_SIZE = FWD_HEAD.size
 EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # struct epoll_event (packed)
 
@@ -89,6 +94,16 @@ def _put_le64(data, at, v):
 def _sliced(stop_at, now, slice_s):
     """The lane's stop time once its first forward or FIN is done: at most SLICE from now (R_TIMEOUT)."""
     return now + slice_s if stop_at < 0 or now + slice_s < stop_at else stop_at
+
+
+@njit(**JIT_CALLEE)
+def _lane_commands(st, n):
+    """Whether each of the n staged messages came alone in its command (a PUB, or an MPUB of one) or in an MPUB of
+    at least BATCH messages (a batch producer's); a smaller MPUB is a paced producer's (module docstring)."""
+    for i in range(n):
+        if st[ST_N, i] != 1 and st[ST_N, i] < BATCH:
+            return False
+    return True
 
 
 @njit(**JIT_CALLEE)
@@ -166,11 +181,11 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         t = st[ST_TOPIC, 0]
         owner = topic_owner[t]
         # the armed own topic's PUBs and small MPUBs go now even beside data for Python (a consumer's FIN in the
-        # same read); a forward only when nothing in the read is for Python
+        # same read); a forward only when nothing in the read is for Python and no MPUB is a small batch
         mine = owner == me and own[OW_ARMED] != 0 and t == own[OW_T] and own_publish(
             st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords)
         if not mine:
-            if counts[1] or owner == me or \
+            if counts[1] or owner == me or not _lane_commands(st, staged) or \
                     control_words[full_at[t]] == full_val[t] or not forward_staged(
                         st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity,
                         owner, S.realtime_ns(), large):

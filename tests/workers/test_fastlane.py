@@ -12,7 +12,7 @@ import pytest
 
 from nsqpy.protocol import client as C
 from nsqpy.protocol.frames import OK_FRAME
-from workers.fastlane import MISSES_BEFORE_SKIP, SKIP_AFTER_MISS, LaneRig
+from workers.fastlane import BATCH, MISSES_BEFORE_SKIP, SKIP_AFTER_MISS, LaneRig
 from workers.handover import NAPS_FORWARDS, NAPS_WOKE
 from workers.records import FORWARD, unpack_forward
 
@@ -118,11 +118,11 @@ def test_several_producers_make_one_record_each_read(rig):
         assert recv_exactly(s, len(OK_FRAME)) == OK_FRAME
 
 
-def test_a_batch_is_forwarded_as_one_record_with_one_ok(rig):
-    """An MPUB of several messages (a batch producer's) goes through the lane too: one record, its bodies in order,
-    one OK for the command."""
+def test_a_batch_producers_mpub_is_forwarded_as_one_record_with_one_ok(rig):
+    """An MPUB of BATCH messages or more (a batch producer's) goes through the lane: one record, its bodies in
+    order, one OK for the command."""
     peer, there = rig.client()
-    bodies = [b"two", b"three", b"x" * 300]
+    bodies = [b"m%d" % i for i in range(BATCH - 1)] + [b"x" * 300]
     there.sendall(C.mpub("theirs", bodies))
     assert rig.lane.poll(30.0) == []
     assert rig.lane.forwards == 1 and rig.pump.staged == 0
@@ -133,7 +133,15 @@ def test_a_batch_is_forwarded_as_one_record_with_one_ok(rig):
     with pytest.raises(BlockingIOError):
         there.recv(1)
     rig.pump.settle(peer)
-    assert peer.pub_counts == {"theirs": 3}
+    assert peer.pub_counts == {"theirs": BATCH}
+
+
+def test_a_small_batch_is_left_to_python(rig):
+    """A smaller MPUB is a paced producer's (what fell due): the idle step's commit publishes it, as before."""
+    peer, there = rig.client()
+    there.sendall(C.mpub("theirs", [b"m"] * (BATCH - 1)))
+    assert rig.lane.poll(30.0) == []
+    assert rig.pump.staged == BATCH - 1 and forwarded(rig) == []
 
 
 def test_the_sleeping_owner_is_woken_once_and_counted(rig):
