@@ -127,20 +127,29 @@ def _insert_topic(name, names, name_lens, table, t):
     table[slot] = t
 
 
+@njit(inline="always", **JIT_CALLEE)
+def _verb_line(buf, at, got, verb):
+    """The offset of the "\\n" ending `<verb><name>` at the start of buf[at:at+got] (verb with its space; a name of
+    1 to MAX_NAME_LENGTH bytes, not checked here), else -1."""
+    k = verb.size
+    if got < k:
+        return -1
+    for i in range(k):
+        if buf[at + i] != verb[i]:
+            return -1
+    for i in range(k + 1, min(got, k + MAX_NAME_LENGTH + 1)):
+        if buf[at + i] == 10:
+            return i
+    return -1
+
+
 @njit(**JIT)
 def lone_pub_line(buf, at, got, max_msg):
     """The offset of the "\\n" when buf[at:at+got] is exactly one `PUB <name>\\n<size><body>` with
     0 < size <= max_msg (the name is not checked here), else -1."""
     if got < 11:
         return -1
-    for i in range(4):
-        if buf[at + i] != _PUB[i]:
-            return -1
-    nl = -1
-    for i in range(5, min(got, 4 + MAX_NAME_LENGTH + 1)):
-        if buf[at + i] == 10:
-            nl = i
-            break
+    nl = _verb_line(buf, at, got, _PUB)
     if nl < 0 or nl + 5 >= got:
         return -1
     size = S.be32(buf, at + nl + 1)
@@ -157,14 +166,7 @@ def lone_mpub_line(buf, at, got, max_msg, max_body):
     is the parser's."""
     if got < 18:
         return -1, 0
-    for i in range(5):
-        if buf[at + i] != _MPUB[i]:
-            return -1, 0
-    nl = -1
-    for i in range(6, min(got, 5 + MAX_NAME_LENGTH + 1)):
-        if buf[at + i] == 10:
-            nl = i
-            break
+    nl = _verb_line(buf, at, got, _MPUB)
     if nl < 0 or nl + 9 > got:
         return -1, 0
     body = S.be32(buf, at + nl + 1)
@@ -190,25 +192,13 @@ def short_by(buf, at, got):
     <body>` when it is the start of one and already holds the size (the rest of a command the kernel had only
     partly received), else 0. Nothing is validated here: a read completed this way still goes through
     lone_pub_line/lone_mpub_line (or to the parser)."""
-    if got >= 5 and buf[at] == _MPUB[0]:
-        first = 5
-        for i in range(5):
-            if buf[at + i] != _MPUB[i]:
-                return 0
-    elif got >= 4:
-        first = 4
-        for i in range(4):
-            if buf[at + i] != _PUB[i]:
-                return 0
-    else:
+    nl = _verb_line(buf, at, got, _MPUB)
+    if nl < 0:
+        nl = _verb_line(buf, at, got, _PUB)
+    if nl < 0 or nl + 5 > got:
         return 0
-    for i in range(first + 1, min(got, first + MAX_NAME_LENGTH + 1)):
-        if buf[at + i] == 10:
-            if i + 5 > got:
-                return 0
-            total = i + 5 + S.be32(buf, at + i + 1)
-            return total - got if total > got else 0
-    return 0
+    total = nl + 5 + S.be32(buf, at + nl + 1)
+    return total - got if total > got else 0
 
 
 @njit(inline="always", **JIT_CALLEE)
