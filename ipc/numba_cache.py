@@ -62,7 +62,7 @@ __all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JI
 # wrapper numba otherwise builds for each one (for first-class function values, which no kernel of ours is).
 # JIT_CALLEE is for a kernel that only other kernels call: without the CPython wrapper (argument unboxing, the
 # return value's boxing) either. Each wrapper is a separate piece of LLVM IR to optimise and compile, a large
-# share of a small kernel's compile, which a first start pays for every kernel (ARCHITECTURE.md, `warmup.py`).
+# share of a small kernel's compile, which a first start pays for every kernel (ARCHITECTURE.md, "First start").
 # Calling a JIT_CALLEE kernel from Python would jump through a missing wrapper and crash the process, so
 # tests/workers/test_kernel_options.py fails when code outside a kernel names one.
 JIT = dict(cache=True, no_cfunc_wrapper=True)

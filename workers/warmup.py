@@ -252,7 +252,7 @@ def _steps(prefix):
 # loads their kernels from the cache instead of compiling them again: the lane's kernel calls the log's append
 # (for a writable source: only the lane's compile has that one), the delivery round's and the pump's kernels, and
 # compiled alone it compiles them all
-# (benchmarks/results/first_start_steps_own.json against first_start_steps_wait.json; ARCHITECTURE.md, warmup.py)
+# (benchmarks/results/first_start_steps_own.json against first_start_steps_wait.json; ARCHITECTURE.md, "First start")
 WAITS_FOR = {fastlane.warm_up: (_delivery, _pump)}
 
 
