@@ -29,7 +29,10 @@ send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It ret
   worker that ``OwnPath`` armed before the call (and maybe data for Python from other sessions): ``own_publish``
   appended them and delivered them to the armed consumers, then their OKs went out; Python's share follows
   (``OwnPath.done``, then ``Pump.settled`` if needed; ``workers/ownpath.py``), then ``Pump.after_read`` takes the
-  data;
+  data. If that left the worker nothing for the loop's idle step (``quiet()``: no channel to deliver, no output
+  queued, nothing staged, parked or to sync) ``FastLane.poll`` arms the own path again and calls the lane again
+  itself, for up to SLICE: a round-trip producer's next PUB (and its consumer's FIN) then cost no pass of the
+  loop, which was most of the owner's CPU per round trip (by hand, perf);
 * R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
   first forward or FIN (the idle step's periodic duties get a turn), or it took MAX_FINS FINs, or epoll was
   interrupted.
@@ -219,7 +222,8 @@ class FastLane:
     block (``full_word``: a topic its owner marked full); ``naps`` the worker's ``OwnerNaps``. ``usable()`` says
     whether the lane may run now (no parked publish); ``move(session, worker)`` is the worker's producer move."""
 
-    def __init__(self, pump, main_ep, buf, rings, wakeups, control, naps, large_forward, usable, move, own=None):
+    def __init__(self, pump, main_ep, buf, rings, wakeups, control, naps, large_forward, usable, move, own=None,
+                 quiet=None):
         self.pump = pump
         self.main_ep = main_ep
         self.poll_plain = main_ep.poll
@@ -252,6 +256,8 @@ class FastLane:
         self.own = own        # the owner's own lone PUBs (workers/ownpath.py OwnPath), or None
         self._no_own = idle_args(np.zeros(WORDS, np.int64))
         self.misses = 0       # calls in a row that neither forwarded nor published
+        self.quiet = quiet    # () -> True when the loop's idle step has nothing to do (``poll``), or None
+        self.again = 0        # own publishes the lane went on after without the loop (statistics, tests)
 
     def _learn(self):
         p = self.pump
@@ -261,18 +267,36 @@ class FastLane:
         self.known = len(p.topics)
 
     def poll(self, timeout):
-        """epoll's poll(timeout) for the loop, doing lone forwards on the way (module docstring)."""
+        """epoll's poll(timeout) for the loop, doing lone forwards on the way (module docstring). After the own
+        path's publish, while ``quiet()`` says the loop's idle step would find nothing to do, the lane goes on
+        (armed again) instead of returning: for up to SLICE, and never past ``timeout`` (the loop's timers)."""
         if self.skip:
             self.skip -= 1
             return self.poll_plain(timeout)
         if not self.usable():
             return self.poll_plain(timeout)
+        until = -1.0 if timeout < 0 else time.monotonic() + timeout
+        stop_at = None
+        while True:
+            events = self._serve(until)
+            if events is not None:
+                return events
+            now = time.monotonic()
+            if stop_at is None:
+                stop_at = now + SLICE
+            if now >= stop_at or 0 <= until <= now or not self.usable() or not self.quiet():
+                return []
+            self.again += 1
+
+    def _serve(self, until):
+        """One call of the lane and Python's share of what it did: -> the events for the loop, or None after an
+        own publish that Python settled whole here (the lane may go on, ``poll``)."""
         p = self.pump
         if self.known != len(p.topics):
             self._learn()
         res = self.res
         own = self._no_own if self.own is None else self.own.arm()
-        serve(self.main_ep.fileno(), self.events, -1.0 if timeout < 0 else time.monotonic() + timeout, SLICE,
+        serve(self.main_ep.fileno(), self.events, until, SLICE,
               p.me, self.large, res,
               p.epfd, p.events, p.buf, p.max_msg, p.max_body, p.clean, p.last_read, p.gen, p.names, p.name_lens,
               p.table, p.st, p.out, p.counts,
@@ -305,6 +329,8 @@ class FastLane:
             if k or attention or m:
                 p.settled(staged, k, attention, m, {}, self.move)
             p.after_read()  # the same read's data and closed sockets, if any (a FIN usually)
+            if self.quiet is not None and not (k or attention or m):
+                return None
         elif code == R_SETTLED:
             p.settled(int(res[RES_STAGED]), int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS]),
                       {}, self.move)

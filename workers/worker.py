@@ -215,7 +215,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
                              {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
                              self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
-                             self.own_path)
+                             self.own_path, self._quiet)
         self.loop.fast_poll = self.lane.poll
 
     def stop(self):
@@ -341,6 +341,14 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         if now - self._storage_logged.get(key, 0.0) >= 1.0:
             self._storage_logged[key] = now
             self.log.error(f"{what}: {exc}")
+
+    def _quiet(self):
+        """Whether the idle step would find nothing to do but what wakes the lane anyway: asked by the forward lane
+        after the own path's publish, to go on without the loop (``FastLane.poll``). Its other inputs (rings, the
+        scanner's, a stats request) write this worker's eventfd, and the lane returns on that; its timers bound
+        the lane's wait."""
+        return not (self.pending or self.delivered or self.dirty or self._unsynced or self.pump.staged or
+                    self._parked_count or self.table_blocked)
 
     def _inputs_empty(self):
         return self.from_scanner.empty() and not self.pub_pending.any() and not (

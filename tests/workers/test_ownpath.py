@@ -4,6 +4,7 @@ consumers are small fakes with just what ``OwnPath`` reads. Each message must be
 consumer before its OK reaches the producer, and everything the kernel does not take must come back to Python
 untouched (staged for the commit, nothing written)."""
 import collections
+import os
 import socket
 import struct
 import time
@@ -398,3 +399,63 @@ def test_a_fin_the_lane_must_not_take_reaches_python_untouched(own, why):
     assert own.lane.poll(30.0) == []
     assert c.data == [line] and own.path.fins == 0
     assert own.worker.inflight.ctl[C_N_LIVE] == 1 and c.in_flight == 1 and own.worker.left == []
+
+
+def test_the_lane_goes_on_after_an_own_publish_while_the_worker_is_quiet(own):
+    """A round trip (PUB, its message FINed, the next PUB) with nothing else for the loop: after the first
+    publish the lane is armed again and goes on without returning to the loop; the second PUB's message reaches
+    the consumer with the RDY the FIN freed, and Python's share of each step is applied in order. The client is
+    a forked process: the lane holds the GIL while it waits."""
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=1, reads=True)
+    there = own.producer()
+    other, other_there = add_client(own.rig.pump, [])
+    own.lane.quiet = lambda: not own.worker.pending and not own.worker.frames
+    report_r, report_w = os.pipe()
+    there.sendall(C.pub("ours", b"one"))
+    pid = os.fork()
+    if pid == 0:  # the producer and the consumer: two round trips, then a command for Python
+        code = 1
+        try:
+            for body in (b"two", None):
+                _, msg_id, seen = c.message()
+                os.write(report_w, seen + b"\n")
+                c.peer.sendall(_fin(msg_id))
+                assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+                if body is not None:
+                    there.sendall(C.pub("ours", body))
+            other_there.sendall(b"NOP\n")  # data for Python: the lane returns to the loop
+            code = 0
+        finally:
+            os._exit(code)
+    try:
+        os.close(report_w)
+        deadline = time.monotonic() + 30
+        while other.data == [] and time.monotonic() < deadline:
+            own.lane.poll(30.0)
+        _, status = os.waitpid(pid, 0)
+        pid = 0
+        assert status == 0 and os.read(report_r, 100) == b"one\ntwo\n" and other.data == [b"NOP\n"]
+        assert own.lane.again >= 1 and own.path.published == 2 and own.rig.pump.staged == 0
+        assert len(ch.started) == 2 and own.worker.left[0] == ch.started[0][1][0]
+        assert c.finish_count >= 1 and own.worker.inflight.ctl[C_N_LIVE] == 2 - c.finish_count
+    finally:
+        if pid:
+            os.kill(pid, 9)
+            os.waitpid(pid, 0)
+        os.close(report_r)
+        other.sock.close()
+        other_there.close()
+
+
+def test_the_lane_returns_after_an_own_publish_when_the_loop_has_work(own):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    there = own.producer()
+    own.lane.quiet = lambda: False
+    there.sendall(C.pub("ours", b"mine"))
+    t0 = time.monotonic()
+    assert own.lane.poll(30.0) == []
+    assert time.monotonic() - t0 < 20  # returned after the publish, not at the poll's timeout
+    assert own.lane.again == 0 and own.path.published == 1
+    assert c.message()[2] == b"mine" and recv_exactly(there, len(OK_FRAME)) == OK_FRAME
