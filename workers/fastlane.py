@@ -30,9 +30,9 @@ send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It ret
   appended them and delivered them to the armed consumers, then their OKs went out; Python's share follows
   (``OwnPath.done``, then ``Pump.settled`` if needed; ``workers/ownpath.py``), then ``Pump.after_read`` takes the
   data. If that left the worker nothing for the loop's idle step (``quiet()``: no channel to deliver, no output
-  queued, nothing staged, parked or to sync) ``FastLane.poll`` arms the own path again and calls the lane again
-  itself, for up to SLICE: a round-trip producer's next PUB (and its consumer's FIN) then cost no pass of the
-  loop, which was most of the owner's CPU per round trip (by hand, perf);
+  queued, nothing staged, parked or to sync, no timer due) ``FastLane.poll`` arms the own path again and calls the
+  lane again itself, for up to SLICE: a round-trip producer's next PUB (and its consumer's FIN) then cost no pass
+  of the loop, which was most of the owner's CPU per round trip (by hand, perf);
 * R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
   first forward or FIN (the idle step's periodic duties get a turn), or it took MAX_FINS FINs, or epoll was
   interrupted.
@@ -256,7 +256,7 @@ class FastLane:
         self.own = own        # the owner's own lone PUBs (workers/ownpath.py OwnPath), or None
         self._no_own = idle_args(np.zeros(WORDS, np.int64))
         self.misses = 0       # calls in a row that neither forwarded nor published
-        self.quiet = quiet    # () -> True when the loop's idle step has nothing to do (``poll``), or None
+        self.quiet = quiet    # () -> None when the loop's idle step has work, else its next wait's timeout (``poll``)
         self.again = 0        # own publishes the lane went on after without the loop (statistics, tests)
 
     def _learn(self):
@@ -269,7 +269,8 @@ class FastLane:
     def poll(self, timeout):
         """epoll's poll(timeout) for the loop, doing lone forwards on the way (module docstring). After the own
         path's publish, while ``quiet()`` says the loop's idle step would find nothing to do, the lane goes on
-        (armed again) instead of returning: for up to SLICE, and never past ``timeout`` (the loop's timers)."""
+        (armed again) instead of returning, for up to SLICE; its wait then ends at the loop's next timer as
+        ``quiet()`` gives it (the publish's Python share may have added one)."""
         if self.skip:
             self.skip -= 1
             return self.poll_plain(timeout)
@@ -284,8 +285,10 @@ class FastLane:
             now = time.monotonic()
             if stop_at is None:
                 stop_at = now + SLICE
-            if now >= stop_at or 0 <= until <= now or not self.usable() or not self.quiet():
+            timeout = self.quiet() if now < stop_at and self.usable() else None
+            if timeout is None or timeout == 0:
                 return []
+            until = -1.0 if timeout < 0 else now + timeout
             self.again += 1
 
     def _serve(self, until):

@@ -107,6 +107,11 @@ class Loop:
         heapq.heappush(self._timers, (t.when, next(self._seq), t))
         return t
 
+    def next_timeout(self):
+        """Seconds until the first timer is due (0 if it is), or -1 without timers: how long a wait may last."""
+        timers = self._timers
+        return -1 if not timers else max(0.0, timers[0][0] - time.monotonic())
+
     def add_idle(self, callback):
         """callback() runs once after the I/O of every iteration."""
         self._idle.append(callback)
@@ -147,10 +152,9 @@ class Loop:
         readers, writers, poll, monotonic = self._readers, self._writers, self._ep.poll, time.monotonic
         want_read = select.EPOLLIN | select.EPOLLERR | select.EPOLLHUP
         want_write = select.EPOLLOUT | select.EPOLLERR | select.EPOLLHUP
+        next_timeout = self.next_timeout
         while self._running:
-            timeout = -1
-            if timers:
-                timeout = max(0.0, timers[0][0] - monotonic())
+            timeout = next_timeout()
             for cb in self._idle:
                 try:
                     if cb():

@@ -343,12 +343,13 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             self.log.error(f"{what}: {exc}")
 
     def _quiet(self):
-        """Whether the idle step would find nothing to do but what wakes the lane anyway: asked by the forward lane
-        after the own path's publish, to go on without the loop (``FastLane.poll``). Its other inputs (rings, the
-        scanner's, a stats request) write this worker's eventfd, and the lane returns on that; its timers bound
-        the lane's wait."""
-        return not (self.pending or self.delivered or self.dirty or self._unsynced or self.pump.staged or
-                    self._parked_count or self.table_blocked)
+        """None when the idle step has work, else the loop's timeout for its next wait (-1: no timer): asked by the
+        forward lane after the own path's publish, to go on without the loop (``FastLane.poll``). The idle step's
+        other inputs (rings, the scanner's, a stats request) write this worker's eventfd, which ends the lane."""
+        if self.pending or self.delivered or self.dirty or self._unsynced or self.pump.staged or \
+                self._parked_count or self.table_blocked:
+            return None
+        return self.loop.next_timeout()
 
     def _inputs_empty(self):
         return self.from_scanner.empty() and not self.pub_pending.any() and not (

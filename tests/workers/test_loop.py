@@ -49,3 +49,14 @@ def test_an_idle_loop_sleeps():
     os.close(w)
     cpu = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
     assert wall >= 0.3 and cpu < wall / 3
+
+
+def test_next_timeout_is_the_first_timers_wait():
+    """What the loop waits for, and what the forward lane's own path asks when it goes on without the loop."""
+    loop = Loop()
+    assert loop.next_timeout() == -1
+    loop.call_later(30.0, lambda: None)
+    assert 0 < loop.next_timeout() <= 30.0
+    loop.call_later(-1.0, lambda: None)  # already due
+    assert loop.next_timeout() == 0
+    loop.close()

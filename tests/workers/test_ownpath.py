@@ -410,7 +410,7 @@ def test_the_lane_goes_on_after_an_own_publish_while_the_worker_is_quiet(own):
     c = own.consumer(ch, conn_id=9, rdy=1, reads=True)
     there = own.producer()
     other, other_there = add_client(own.rig.pump, [])
-    own.lane.quiet = lambda: not own.worker.pending and not own.worker.frames
+    own.lane.quiet = lambda: None if own.worker.pending or own.worker.frames else -1
     report_r, report_w = os.pipe()
     there.sendall(C.pub("ours", b"one"))
     pid = os.fork()
@@ -452,10 +452,34 @@ def test_the_lane_returns_after_an_own_publish_when_the_loop_has_work(own):
     ch = Channel(own.topic, "ch", key=5)
     c = own.consumer(ch, conn_id=9, rdy=10)
     there = own.producer()
-    own.lane.quiet = lambda: False
+    own.lane.quiet = lambda: None
     there.sendall(C.pub("ours", b"mine"))
     t0 = time.monotonic()
     assert own.lane.poll(30.0) == []
     assert time.monotonic() - t0 < 20  # returned after the publish, not at the poll's timeout
     assert own.lane.again == 0 and own.path.published == 1
     assert c.message()[2] == b"mine" and recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+
+
+def test_after_an_own_publish_the_lanes_wait_ends_at_the_loops_next_timer(own):
+    """The publish's Python share may add a timer (a held in-flight timer's post): the lane's next wait ends at
+    the loop's next timer as ``quiet()`` gives it, not at the poll's timeout."""
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=10)
+    there = own.producer()
+    own.lane.quiet = lambda: 0.05
+    there.sendall(C.pub("ours", b"mine"))
+    t0 = time.monotonic()
+    assert own.lane.poll(60.0) == []
+    assert time.monotonic() - t0 < 30  # the wait after the publish ended at 0.05 s, not at the poll's 60 s
+    assert own.lane.again == 1 and own.path.published == 1
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+
+
+def test_a_timer_due_now_ends_the_lane_after_an_own_publish(own):
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=10)
+    there = own.producer()
+    own.lane.quiet = lambda: 0
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(60.0) == [] and own.lane.again == 0 and own.path.published == 1
