@@ -20,6 +20,7 @@ import json
 import multiprocessing
 import os
 import platform
+import signal
 import subprocess
 import sys
 import time
@@ -236,8 +237,15 @@ def measure(tool: str, worker_class, opts, start_standin) -> dict:
     return result
 
 
+def _terminated(signum, frame):
+    raise SystemExit(128 + signum)
+
+
 def cli(main) -> None:
-    """Script entry: a target that cannot be reached or misbehaves is one line on stderr and exit code 2."""
+    """Script entry: a target that cannot be reached or misbehaves is one line on stderr and exit code 2. SIGTERM
+    ends the tool as an exception would, so the servers it started stop with it (their ``with`` blocks run)
+    instead of outliving it in sessions of their own."""
+    signal.signal(signal.SIGTERM, _terminated)
     try:
         code = main()
     except BenchError as err:

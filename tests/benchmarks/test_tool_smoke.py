@@ -5,7 +5,13 @@ timed tests."""
 
 from __future__ import annotations
 
-from benchmarks.process import run_tool
+import re
+import signal
+import socket
+import subprocess
+import sys
+
+from benchmarks.process import REPO, run_tool
 
 from test_micro_benchmarks import assert_recorded
 
@@ -75,3 +81,32 @@ def test_spark_bench():
     assert r["complete"] is True
     assert r["foreach_partition_rows_per_s"] > 0 and r["batch_writer_rows_per_s"] > 0
     assert r["python_producer_rows_per_s"] > 0 and r["stream_rows_per_s"] > 0
+
+
+def test_a_tool_stopped_by_sigterm_stops_the_broker_it_started():
+    """SIGTERM to a tool (a CI run stopped by hand, a timeout) stops the nsqd it started, in a session of its
+    own, instead of leaving it running with no parent."""
+    tool = subprocess.Popen([sys.executable, "-m", "benchmarks.compare", "--scenarios", "roundtrip", "--rounds", "1",
+                             "--runfor", "600s"], cwd=REPO, stdout=subprocess.DEVNULL, stderr=subprocess.PIPE)
+    try:
+        port = None
+        for line in tool.stderr:  # the round's line names the broker it started, once it listens
+            found = re.search(rb"round 1/1 on nsqpy \(127\.0\.0\.1:(\d+)\)", line)
+            if found:
+                port = int(found.group(1))
+                break
+        assert port is not None
+        socket.create_connection(("127.0.0.1", port), timeout=10).close()  # it listens
+        tool.send_signal(signal.SIGTERM)
+        assert tool.wait(timeout=120) == 128 + signal.SIGTERM
+        try:
+            socket.create_connection(("127.0.0.1", port), timeout=10).close()
+            stopped = False
+        except ConnectionRefusedError:
+            stopped = True
+        assert stopped  # the tool waited for the broker's stop before it exited
+    finally:
+        if tool.poll() is None:
+            tool.kill()
+            tool.wait()
+        tool.stderr.close()
