@@ -38,8 +38,6 @@ UNUSED_ARGV = {
     "queue-scan-worker-pool-max": ["--queue-scan-worker-pool-max=8"],
     "queue-scan-selection-count": ["--queue-scan-selection-count=40"],
 }
-# accepted, not implemented, but every value they can take away from the default asks for nothing nsqpy lacks
-HONOURED_ARGV = {}
 DIFFERS = {"data-path", "max-bytes-per-file", "sync-every", "sync-timeout", "lookupd-tcp-address",
            "http-client-connect-timeout", "http-client-request-timeout"}
 
@@ -53,13 +51,13 @@ def report(*argv):
 def test_every_nsq_option_is_classified_once():
     declared = {name for name, spec in SPECS.items() if spec.support is not None}
     nsqpy_only = {name for name, spec in SPECS.items() if spec.nsqpy_only}
-    groups = [IMPLEMENTED, REFUSED | {"tcp-address", "http-address"}, set(UNUSED_ARGV), set(HONOURED_ARGV), DIFFERS]
+    groups = [IMPLEMENTED, REFUSED | {"tcp-address", "http-address"}, set(UNUSED_ARGV), DIFFERS]
     assert sum(len(g) for g in groups) == len(set().union(*groups)), "an option is in two groups"
     assert set().union(*groups) | nsqpy_only == set(SPECS), "an option is in no group"
     assert declared == set(SPECS) - IMPLEMENTED - nsqpy_only, "IMPLEMENTED disagrees with the declarations"
     for name in REFUSED | {"tcp-address", "http-address"}:
         assert isinstance(SPECS[name].support, Refused), name
-    for name in set(UNUSED_ARGV) | set(HONOURED_ARGV):
+    for name in UNUSED_ARGV:
         assert isinstance(SPECS[name].support, (Unused, Deprecated)), name
     for name in DIFFERS:
         assert isinstance(SPECS[name].support, Differs), name
@@ -124,13 +122,6 @@ def test_unused_flags_at_their_default_say_nothing():
     assert len(argv) == len(UNUSED_ARGV) - 1  # enable-experiment
     r = report(*argv)
     assert (r.refusals, r.warnings, r.notes) == ([], [], DEFAULT_NOTES)
-
-
-@pytest.mark.parametrize("name", sorted(HONOURED_ARGV))
-def test_turning_off_what_is_not_implemented_says_nothing(name):
-    r = report(*HONOURED_ARGV[name])
-    assert (r.refusals, r.warnings) == ([], [])
-    assert r.notes == [n for n in DEFAULT_NOTES if f"(--{name})" not in n]
 
 
 def test_disabling_the_http_listener_says_nothing():
