@@ -16,6 +16,10 @@ import platform
 import sys
 import time
 
+from nsqpy.process import stop_cleanly_while_importing
+
+stop_cleanly_while_importing("nsqd")  # the imports below take half a second
+
 # Importing numpy, numba and the kernels numba loads at import creates some 100,000 objects, all of them kept:
 # the collector's passes over them during the imports are a share of every start (benchmarks/first_start.py
 # measures it). Collection resumes right after, with those objects frozen (outside its passes for good: else the
@@ -164,9 +168,16 @@ def _add_lookupd(sup, plan, log):
 
 
 def _failed_start(sup, log):
+    if sup.stop_requested:  # a stop asked for during start-up is a clean stop, as at any other moment
+        return _supervise(sup)
     log.fatal("a process failed to start")
     sup.shutdown()
     return 1
+
+
+def _supervise(sup):
+    code = sup.run()
+    return code or (0 if sup.clean_exit else EXIT_UNSAVED)
 
 
 def compile_only(log):
@@ -238,8 +249,7 @@ def main(argv=None):
         log.info(f"HTTP: listening on {shown_address(http_sock)}")
     if https_sock is not None:
         log.info(f"HTTPS: listening on {shown_address(https_sock)}")
-    code = sup.run()
-    return code or (0 if sup.clean_exit else EXIT_UNSAVED)
+    return _supervise(sup)
 
 
 if __name__ == "__main__":

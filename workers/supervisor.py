@@ -121,8 +121,10 @@ class Supervisor:
                 die_with_parent(parent)  # a SIGKILLed supervisor takes its children with it (nothing orphaned)
                 os.close(self._ready_r)
                 signal.set_wakeup_fd(-1)
-                for sig in (signal.SIGTERM, signal.SIGINT, signal.SIGCHLD):
+                for sig in (signal.SIGTERM, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)
+                # a terminal's ^C reaches the whole process group: the supervisor decides, and TERMs its children
+                signal.signal(signal.SIGINT, signal.SIG_IGN)
                 child.target(restarted, self._ready_w)
                 code = 0
             except SystemExit as e:
@@ -170,7 +172,8 @@ class Supervisor:
             for child in waited:
                 pid, _ = self._waitpid(child.pid)
                 if pid:
-                    self.log.error(f"{child.name} exited during start-up")
+                    if not self.stop_requested:  # (a signal to the whole group may have stopped it first)
+                        self.log.error(f"{child.name} exited during start-up")
                     return False
         self._waited_kinds.update(kinds or ())
         return True
@@ -191,6 +194,11 @@ class Supervisor:
     # ---- main loop -------------------------------------------------------------------------------------
     def _on_signal(self, signum, frame):
         self._signals.append(signum)
+
+    @property
+    def stop_requested(self):
+        """A SIGTERM/SIGINT arrived (and ``run`` has not acted on it yet): start-up gives way to a clean stop."""
+        return self._stopping or any(s in (signal.SIGTERM, signal.SIGINT) for s in self._signals)
 
     def trap_stop_signals(self):
         """From now on SIGTERM/SIGINT are only recorded; ``run`` acts on them. Call it first thing: a stop that

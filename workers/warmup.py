@@ -283,11 +283,14 @@ def _compile_in_parallel(steps, queue, processes, done, log):
     os.write(queue_w, bytes(queue))  # a few bytes: far below a pipe's capacity, never blocks
     os.close(queue_w)                # so a child reading an empty queue gets end of file
     pids = []
+    parent = os.getpid()
     for _ in range(processes):
         pid = os.fork()
         if pid == 0:
             code = 1
             try:
+                from nsqpy.process import die_with_parent
+                die_with_parent(parent)  # a SIGKILLed nsqd does not leave them compiling
                 while step := os.read(queue_r, 1):  # one byte: a pipe's reads of it are atomic
                     i = step[0]
                     try:
@@ -465,8 +468,8 @@ class Background:
             try:
                 from nsqpy.process import die_with_parent
                 die_with_parent(parent)  # a SIGKILLed supervisor takes it along
-                for sig in (signal.SIGTERM, signal.SIGINT):  # the supervisor's traps record them for its loop
-                    signal.signal(sig, signal.SIG_DFL)
+                signal.signal(signal.SIGTERM, signal.SIG_DFL)  # (the supervisor's traps record it for its loop)
+                signal.signal(signal.SIGINT, signal.SIG_IGN)  # a terminal's ^C: the supervisor decides (finish)
                 os.nice(BACKGROUND_NICE)
                 t0 = time.monotonic()
                 waits = dependencies(steps)

@@ -23,7 +23,6 @@ from __future__ import annotations
 import os
 import platform
 import secrets
-import signal
 import socket
 import sys
 
@@ -31,7 +30,6 @@ from nsqpy.config.nsqlookupd import NsqlookupdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
 from nsqpy.lookupd.queries import NSQ_VERSION
-from nsqpy.process import die_with_parent
 
 __all__ = ["main", "version_string"]
 
@@ -61,12 +59,11 @@ def _shown(sock: socket.socket) -> str:
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
+# Each child dies with the supervisor by SIGKILL (workers.supervisor forks it so): nothing to save, and its ports
+# must be free for the next nsqlookupd at once; the arbiter's workers die with the arbiter the same way.
 def _registry_child(opts, tcp, http, query, hostname, log):
-    supervisor = os.getpid()
-
     def run(restarted, ready_fd):
         from nsqpy.lookupd.registry import registry_main
-        die_with_parent(supervisor, signal.SIGTERM)  # no orphaned registry answering for a dead daemon
         ports = tcp.getsockname()[1], http.getsockname()[1]  # IDENTIFY's reply names both
         http.close()
         registry_main(opts, tcp, query, *ports, hostname, ready_fd, log)
@@ -74,11 +71,8 @@ def _registry_child(opts, tcp, http, query, hostname, log):
 
 
 def _http_child(opts, tcp, http, query, query_address, log):
-    supervisor = os.getpid()
-
     def run(restarted, ready_fd):
         from http_api.lookupd.server import serve
-        die_with_parent(supervisor, signal.SIGTERM)  # the arbiter stops its workers gracefully on SIGTERM
         tcp.close()
         query.close()
         serve(http, query_address, opts.http_workers, ready_fd, log)
@@ -123,12 +117,13 @@ def main(argv=None) -> int:
         sup.add("registry", _registry_child(opts, tcp, http, query, hostname, log))
         sup.add("http", _http_child(opts, tcp, http, query, query_address, log))
         sup.start()
-        if not sup.wait_ready():
+        if sup.wait_ready():
+            log.info(f"TCP: listening on {_shown(tcp)}")
+            log.info(f"HTTP: listening on {_shown(http)}")
+        elif not sup.stop_requested:  # (a stop asked for during start-up is a clean stop: run() makes it)
             log.fatal("a process failed to start")
             sup.shutdown()
             return 1
-        log.info(f"TCP: listening on {_shown(tcp)}")
-        log.info(f"HTTP: listening on {_shown(http)}")
         return sup.run()
     finally:
         for sock in listeners:
