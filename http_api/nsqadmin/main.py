@@ -1,0 +1,117 @@
+"""The ``nsqadmin`` command: NSQ's web UI and JSON API for a cluster, started with NSQ's flags.
+
+    nsqadmin --lookupd-http-address=127.0.0.1:4161 [--http-address=0.0.0.0:4171] [--base-path=/admin]
+
+Processes, as nsqlookupd's HTTP (under ``workers.supervisor``: restart with back-off, TERM -> deadline -> KILL):
+
+    supervisor   parses and checks the options (Go's start-up checks: one line and exit 1 on a bad address, TLS
+                 file or graphite URL), binds the HTTP listener, forks the child, prints NSQ's listening line
+                 once it reported ready
+    http         gunicorn's arbiter and its one gthread worker running the Falcon app (http_api/nsqadmin/)
+"""
+from __future__ import annotations
+
+import os
+import signal
+import socket
+import sys
+from urllib.parse import urlsplit
+
+from nsqpy.config.nsqadmin import NsqadminOptions
+from nsqpy.config.support import check_support
+from nsqpy.log import Logger
+from nsqpy.lookupd.main import _bind, _shown
+from nsqpy.lookupd.queries import NSQ_VERSION
+from nsqpy.process import die_with_parent
+
+__all__ = ["main", "version_string"]
+
+
+def version_string() -> str:
+    import platform
+    return (f"nsqadmin v{NSQ_VERSION}-nsqpy (built w/{platform.python_implementation().lower()}"
+            f"{platform.python_version()})")
+
+
+def start_errors(opts) -> list[str]:
+    """Go's nsqadmin.New checks, each failure one line."""
+    errors = []
+    for flag, addresses in (("--lookupd-http-address", opts.lookupd_http_address),
+                            ("--nsqd-http-address", opts.nsqd_http_address)):
+        for address in addresses:
+            host, sep, port = address.rpartition(":")
+            try:
+                if not sep or not port.isdigit():
+                    raise ValueError("missing port in address")
+                socket.getaddrinfo(host.strip("[]") or None, int(port), type=socket.SOCK_STREAM)
+            except (OSError, ValueError) as e:
+                errors.append(f"failed to resolve {flag} ({address}) - {e}")
+    if opts.http_client_tls_cert or opts.http_client_tls_root_ca_file:
+        from nsqpy.admin.upstream import tls_context
+        try:
+            tls_context(opts.http_client_tls_insecure_skip_verify, opts.http_client_tls_root_ca_file,
+                        opts.http_client_tls_cert, opts.http_client_tls_key)
+        except (OSError, ValueError) as e:
+            errors.append(f"failed to load the --http-client-tls-* files - {e}")
+    if opts.proxy_graphite or opts.graphite_url:
+        parts = urlsplit(opts.graphite_url)
+        if opts.proxy_graphite and (parts.scheme not in ("http", "https") or not parts.netloc):
+            errors.append(f"failed to parse --graphite-url ({opts.graphite_url}) - not an http(s) URL")
+    return errors
+
+
+def _http_child(opts, sock, log):
+    supervisor = os.getpid()
+
+    def run(restarted, ready_fd):
+        from http_api.nsqadmin.server import serve
+        die_with_parent(supervisor, signal.SIGTERM)
+        serve(sock, opts, ready_fd, log)
+    return run
+
+
+def main(argv=None) -> int:
+    from workers.supervisor import Supervisor
+
+    opts = NsqadminOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqadmin")
+    if opts.version:
+        print(version_string())
+        return 0
+    log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    support = check_support(opts)
+    for line in support.refusals:
+        log.fatal(line)
+    if support.refusals:
+        return 1
+    errors = start_errors(opts)
+    for line in errors:
+        log.fatal(line)
+    if errors:
+        return 1
+    log.info(version_string())
+    for line in support.warnings:
+        log.warn(line)
+    for line in support.notes:
+        log.info(line)
+    sup = Supervisor(log)
+    sup.trap_stop_signals()
+    try:
+        sock = _bind(opts.http_address)
+    except (OSError, ValueError) as e:
+        log.fatal(f"listen ({opts.http_address}) failed - {e}")
+        return 1
+    try:
+        sup.add("http", _http_child(opts, sock, log))
+        sup.start()
+        if not sup.wait_ready():
+            log.fatal("a process failed to start")
+            sup.shutdown()
+            return 1
+        log.info(f"HTTP: listening on {_shown(sock)}")
+        return sup.run()
+    finally:
+        sock.close()
+
+
+if __name__ == "__main__":
+    sys.exit(main())
