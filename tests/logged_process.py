@@ -81,3 +81,18 @@ class LoggedProcess:
             raise AssertionError(f"{self.name} did not stop within its deadline:\n" + self.output())
         self._reader.join(5)
         return code
+
+
+def running(pid):
+    """The process exists and is not a zombie (a zombie holds no port and no mapping any more)."""
+    try:
+        with open(f"/proc/{pid}/stat") as f:
+            return f.read().rpartition(")")[2].split()[0] != "Z"
+    except FileNotFoundError:
+        return False
+
+
+def group_pids(pgid):
+    """The processes of process group ``pgid`` (zombies included)."""
+    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
+    return [int(pid) for pid in out.split()]

@@ -29,6 +29,7 @@ gc.disable()
 from nsqpy.config import NsqdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
+from nsqpy.sdnotify import Notifier
 from nsqpy.store import metadata
 from workers.acceptor import acceptor_main
 from workers.http import bind_http, bind_https, http_main, http_slots, shown_address, split_slots, statsd_main
@@ -206,8 +207,10 @@ def main(argv=None):
     plan = None
     try:
         support = _check(opts, log)
-        sup = Supervisor(log, shutdown_timeout=SHUTDOWN_TIMEOUT)
+        notifier = Notifier.from_environ(os.environ)  # systemd's Type=notify (a no-op without $NOTIFY_SOCKET)
+        sup = Supervisor(log, shutdown_timeout=SHUTDOWN_TIMEOUT, notifier=notifier)
         sup.trap_stop_signals()
+        notifier.status("starting: loading the kernels (compiling them on a first start)")
         _say_hello(log, opts, support)
         plan = Plan(opts, log)
         (host, port), http_sock, https_sock = _prepare(plan, opts, log)
@@ -249,6 +252,9 @@ def main(argv=None):
         log.info(f"HTTP: listening on {shown_address(http_sock)}")
     if https_sock is not None:
         log.info(f"HTTPS: listening on {shown_address(https_sock)}")
+    served = [f"TCP on {shown}:{port}"] + [f"{name} on {shown_address(sock)}" for name, sock in
+                                          (("HTTP", http_sock), ("HTTPS", https_sock)) if sock is not None]
+    notifier.ready("serving " + ", ".join(served))  # every port bound, every child up
     return _supervise(sup)
 
 

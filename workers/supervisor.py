@@ -38,6 +38,7 @@ import signal
 import time
 
 from nsqpy.process import die_with_parent
+from nsqpy.sdnotify import Notifier
 
 EXIT_CANNOT_RUN = 3
 QUICK = 1.0             # a death sooner than this after the start is a quick death (back-off grows)
@@ -74,8 +75,10 @@ class Child:
 
 
 class Supervisor:
-    def __init__(self, log, shutdown_timeout=10.0, backoff_first=BACKOFF_FIRST, backoff_max=BACKOFF_MAX):
+    def __init__(self, log, shutdown_timeout=10.0, backoff_first=BACKOFF_FIRST, backoff_max=BACKOFF_MAX,
+                 notifier=None):
         self.log = log
+        self.notifier = notifier or Notifier()  # systemd's: watchdog pings from the main loop, STOPPING=1
         self.children = []
         self.cleanups = []
         self.shutdown_timeout = shutdown_timeout
@@ -239,7 +242,8 @@ class Supervisor:
                     self._stopping = code != 0
                 for fn in self.periodic:
                     fn()
-                wait = self._wait()
+                self.notifier.keepalive()
+                wait = self.notifier.keepalive_wait(self._wait())
         finally:
             self.shutdown()
             signal.set_wakeup_fd(-1)
@@ -327,6 +331,7 @@ class Supervisor:
 
     def shutdown(self):
         self._stopping = True
+        self.notifier.stopping("stopping: saving what the processes hold")
         for child in self.children:
             if not child.pid and child.due is not None and child.restart_to_stop:
                 self._spawn(child, True)  # waiting for its restart: a worker must still save what it holds

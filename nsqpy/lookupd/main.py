@@ -30,6 +30,7 @@ from nsqpy.config.nsqlookupd import NsqlookupdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
 from nsqpy.lookupd.queries import NSQ_VERSION
+from nsqpy.sdnotify import Notifier
 
 __all__ = ["main", "version_string"]
 
@@ -92,7 +93,8 @@ def main(argv=None) -> int:
         log.fatal(line)
     if support.refusals:
         return 1
-    sup = Supervisor(log)
+    notifier = Notifier.from_environ(os.environ)  # systemd's Type=notify (a no-op without $NOTIFY_SOCKET)
+    sup = Supervisor(log, notifier=notifier)
     sup.trap_stop_signals()
     log.info(version_string())
     for line in support.warnings:
@@ -120,6 +122,7 @@ def main(argv=None) -> int:
         if sup.wait_ready():
             log.info(f"TCP: listening on {_shown(tcp)}")
             log.info(f"HTTP: listening on {_shown(http)}")
+            notifier.ready(f"serving TCP on {_shown(tcp)}, HTTP on {_shown(http)}")  # every port bound, child up
         elif not sup.stop_requested:  # (a stop asked for during start-up is a clean stop: run() makes it)
             log.fatal("a process failed to start")
             sup.shutdown()

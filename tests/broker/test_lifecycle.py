@@ -13,6 +13,7 @@ from ipc.shm import instance_prefix
 from nsqpy.protocol import client as C
 from tests.broker.conftest import HTTP_LISTEN_RE, LISTEN_RE, START_DEADLINE
 from tests.broker.wire import Conn, consumer, unique
+from tests.logged_process import group_pids, running
 from tests.polling import wait_until
 from tests.terminal import TerminalProcess
 
@@ -57,20 +58,6 @@ N = 300
 LOSS_WORDS = ("did not stop cleanly", "could not be saved", "lost", "recovering the messages a crashed")
 
 
-def _running(pid):
-    """The process exists and is not a zombie (a zombie holds no port and no mapping any more)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _group(pgid):
-    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
-
-
 def _backlog(address, topic):
     """N messages acknowledged: queued, and 20 of them in flight on a consumer that stays connected."""
     bodies = [b"m%04d" % i for i in range(N)]
@@ -98,12 +85,12 @@ def test_sigkill_of_the_supervisor_alone_takes_every_child_and_frees_the_ports(n
     (_, port), (_, http_port) = old.address, old.http_address
     topic = unique()
     bodies, holder = _backlog(old.address, topic)
-    children = [pid for pid in _group(old.proc.pid) if pid != old.proc.pid]
+    children = [pid for pid in group_pids(old.proc.pid) if pid != old.proc.pid]
     assert len(children) >= 5, children  # acceptor, 2 workers, scanner, http (and its gunicorn workers)
     os.kill(old.proc.pid, signal.SIGKILL)
     old.proc.wait()
     old.expected_code = -signal.SIGKILL
-    wait_until(lambda: not any(map(_running, children)), timeout=1.0, what="every child of nsqd gone")
+    wait_until(lambda: not any(map(running, children)), timeout=1.0, what="every child of nsqd gone")
     holder.expect_closed()
     new = nsqd_factory(f"--tcp-address=127.0.0.1:{port}", f"--http-address=127.0.0.1:{http_port}",
                        data=old.data_path)
@@ -142,7 +129,7 @@ def test_a_stop_is_clean_and_the_next_start_loads_everything(nsqd_factory, tmp_p
     stop = out[out.index("signal received, shutting down"):]
     assert code == 0, out
     assert "WARNING" not in stop and "ERROR" not in stop, stop
-    assert not _group(proc.proc.pid), "a child of nsqd outlived it"
+    assert not group_pids(proc.proc.pid), "a child of nsqd outlived it"
     again = nsqd_factory(data=data)
     said = again.output()
     assert not [w for w in LOSS_WORDS if w in said], said

@@ -1,31 +1,19 @@
 """nsqlookupd as a daemon: killed alone (SIGKILL of its supervisor), its children die with it and free the ports at
-once; a terminal's ^C and SIGTERM are clean stops (exit 0, no warning)."""
+once; a terminal's ^C and SIGTERM are clean stops (exit 0, no warning); under systemd's Type=notify it says when
+it is ready and stopping, and pings the watchdog."""
 from __future__ import annotations
 
 import os
 import signal
 import socket
-import subprocess
 
 import pytest
 
 from lookupd_wire import DEADLINE, HTTP_RE, TCP_RE
+from tests.notify_socket import NotifySocket
+from tests.logged_process import group_pids, running
 from tests.polling import wait_until
 from tests.terminal import TerminalProcess
-
-
-def _running(pid):
-    """The process exists and is not a zombie (a zombie holds no port any more)."""
-    try:
-        with open(f"/proc/{pid}/stat") as f:
-            return f.read().rpartition(")")[2].split()[0] != "Z"
-    except FileNotFoundError:
-        return False
-
-
-def _group(pgid):
-    out = subprocess.run(["pgrep", "-g", str(pgid)], capture_output=True, text=True).stdout
-    return [int(pid) for pid in out.split()]
 
 
 def test_sigkill_of_the_supervisor_alone_takes_every_child_and_frees_the_ports(lookupd_factory):
@@ -35,13 +23,13 @@ def test_sigkill_of_the_supervisor_alone_takes_every_child_and_frees_the_ports(l
     slow.sendall(b"GET /ping HTTP/1.1\r\nHost: x\r\n")
     status, _, _ = old.request("GET", "/ping")  # the sync point: the other worker serves, the slow one is busy
     assert status == 200
-    children = [pid for pid in _group(old.proc.pid) if pid != old.proc.pid]
+    children = [pid for pid in group_pids(old.proc.pid) if pid != old.proc.pid]
     assert len(children) >= 3, children  # the registry, gunicorn's arbiter and its workers
     os.kill(old.proc.pid, signal.SIGKILL)
     old.proc.wait()
     old.stop()  # reaps its output; exit code -9 is this test's doing
     old.proc.returncode = 0  # (the fixture requires 0 at teardown)
-    wait_until(lambda: not any(map(_running, children)), timeout=1.0, what="every child of nsqlookupd gone")
+    wait_until(lambda: not any(map(running, children)), timeout=1.0, what="every child of nsqlookupd gone")
     slow.close()
     new = lookupd_factory(f"--tcp-address={old.tcp}", f"--http-address={old.http}")
     assert (new.tcp, new.http) == (old.tcp, old.http)
@@ -71,4 +59,20 @@ def test_a_stop_is_clean(how):
     assert code == 0, out
     stop = out[out.index("signal received"):]
     assert "WARNING" not in stop and "ERROR" not in stop, stop
-    assert not _group(proc.proc.pid), "a child of nsqlookupd outlived it"
+    assert not group_pids(proc.proc.pid), "a child of nsqlookupd outlived it"
+
+
+def test_notifies_systemd(lookupd_factory, tmp_path, monkeypatch):
+    notify = NotifySocket(tmp_path / "notify")
+    monkeypatch.setenv("NOTIFY_SOCKET", notify.path)
+    monkeypatch.setenv("WATCHDOG_USEC", "1000000")
+    try:
+        lk = lookupd_factory()
+        ready = notify.wait_for("READY", DEADLINE)
+        assert ready["STATUS"] == f"serving TCP on {lk.tcp}, HTTP on {lk.http}", ready
+        assert lk.request("GET", "/ping")[0] == 200
+        notify.wait_for("WATCHDOG", DEADLINE)
+        lk.proc.send_signal(signal.SIGTERM)
+        assert notify.wait_for("STOPPING", DEADLINE)["STOPPING"] == "1"
+    finally:
+        notify.close()
