@@ -6,12 +6,15 @@ One supervised process (started by ``workers/nsqd.py`` when ``--lookupd-tcp-addr
 loop with one task per lookupd and one poller:
 
 * The poller reads the stats plane (``nsqpy.broker.stats.StatsReader``, the last publications, no round trip to
-  the workers) every POLL (0.2 s) and turns it into the registration state {topic: {channels}}. The difference
-  from the previous state becomes V1 commands, appended to every peer's queue in the same step: REGISTER for a
-  new topic or channel, UNREGISTER for a deleted channel, UNREGISTER of each channel then of the topic for a
-  deleted topic (as nsqd's notifications). Latency from a topic or channel being created or deleted to the
-  command leaving: the workers publish within ~0.1 s (``workers.stats.PERIOD``), plus up to POLL: ~0.3 s
-  (nsqd notifies at once; lookupd consumers poll every 60 s, so this is invisible to them).
+  the workers) and turns it into the registration state {topic: {channels}}. The difference from the previous
+  state becomes V1 commands, appended to every peer's queue in the same step: REGISTER for a new topic or
+  channel, UNREGISTER for a deleted channel, UNREGISTER of each channel then of the topic for a deleted topic
+  (as nsqd's notifications). It polls when woken and every POLL (0.2 s) besides. Woken: a worker that created
+  or deleted a topic or channel publishes that topic's rows in the same loop iteration and then writes this
+  process's eventfd (``plan.lookupd_wake``, made in ``prepare`` before fork; ``workers/stats.py``), so the
+  command leaves within a few milliseconds of the change, i.e. about when the creating command's reply does
+  (nsqd notifies its lookup loop at once too). A burst of changes is one wake-up: the eventfd counts them and
+  each poll reads it to zero. The POLL tick covers anything without a wake-up (a replaced worker's topics).
 * A peer connects (DIAL_TIMEOUT), sends the magic and IDENTIFY (broadcast_address, tcp_port, http_port,
   version, hostname, as nsqd), then registers the current state as nsqd does (``REGISTER topic`` for a topic with
   no channels, else ``REGISTER topic channel`` per channel), taking the snapshot and clearing its queue in one
@@ -95,8 +98,10 @@ def set_addresses(plan, addrs: list[str]) -> None:
 
 
 def prepare(plan) -> None:
-    """At start, in the supervisor: the flags' addresses become the current ones."""
+    """At start, in the supervisor before fork: the flags' addresses become the current ones, and the eventfd by
+    which the workers wake the link (``plan.lookupd_wake``) is made."""
     set_addresses(plan, plan.opts.lookupd_tcp_address)
+    plan.lookupd_wake = os.eventfd(0, os.EFD_NONBLOCK | os.EFD_CLOEXEC)
 
 
 def remove_state(plan) -> None:
@@ -353,6 +358,14 @@ def lookupd_main(plan, restarted, ready_fd, log):
     asyncio.run(_run(plan, log, tcp_port, http_port, ready_fd))
 
 
+def _on_wake(fd, woken):
+    try:
+        os.eventfd_read(fd)  # to zero: one poll answers every change made so far
+    except BlockingIOError:
+        pass
+    woken.set()
+
+
 def _port_of(address: str) -> int:
     try:
         return int(address.rpartition(":")[2])
@@ -365,13 +378,21 @@ async def _run(plan, log, tcp_port, http_port, ready_fd):
     stop = loop.create_future()
     loop.add_signal_handler(signal.SIGTERM, lambda: stop.done() or stop.set_result(None))
     registrar = Registrar(plan, log, tcp_port, http_port)
+    woken = asyncio.Event()
+    wake_fd = getattr(plan, "lookupd_wake", None)
+    if wake_fd is not None:
+        loop.add_reader(wake_fd, _on_wake, wake_fd, woken)
     os.write(ready_fd, b"l")
     while not stop.done():
+        woken.clear()  # before the poll: a wake-up during it makes the next one start at once
         try:
             registrar.poll()
         except Exception as e:  # a bad stats read must not end registration; the next tick tries again
             log.error(f"LOOKUP: poll failed: {e!r}")
-        await asyncio.wait([stop], timeout=POLL)
+        if not woken.is_set():
+            wait = asyncio.ensure_future(woken.wait())
+            await asyncio.wait([stop, wait], timeout=POLL, return_when=asyncio.FIRST_COMPLETED)
+            wait.cancel()
     log.info("LOOKUP: closing")
     for peer in registrar.peers.values():
         peer.close()

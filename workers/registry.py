@@ -35,7 +35,7 @@ class Registry:
                 raise StorageError(f"topic {name} cannot be recorded: {e}") from None
             self.topics[name] = t
             self.topics_by_index[t.index] = t
-            self.stats.changed.add(name)
+            self.stats.structure_changed(name)  # published, and registered with lookupd, in this loop iteration
             self.log.info(f"TOPIC({name}): created")
         return t
 
@@ -48,6 +48,7 @@ class Registry:
         if t is not None:
             self.topics_by_index.pop(t.index, None)
             t.destroy()
+            self.stats.structure_changed(name)
             self._record(self.directory.topic_deleted, t.index)
             self.log.info(f"TOPIC({name}): deleted")
 

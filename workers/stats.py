@@ -23,6 +23,12 @@ object or its ``stats_extra`` dict is replaced: that is how TLS and auth report 
 (``tls_version``, ``tls_cipher_suite``, ``tls_negotiated_protocol[_is_mutual]``, ``authed``, ``auth_identity[_url]``):
 a session sets ``stats_extra`` to a new dict when they change.
 
+Registrations (what nsqlookupd is told) are published at once: a topic or channel created or deleted is marked
+with ``structure_changed`` (``Worker.get_topic``/``delete_topic``, ``Topic.get_channel``/``delete_channel``), and
+the ``poll`` of that loop iteration writes those topics' rows and then writes the lookupd link's eventfd
+(``plan.lookupd_wake``, only when nsqd registers with a lookupd: ``workers/lookupd_link.py``), so the link
+registers within milliseconds instead of a publication period later. Nothing of this runs per message.
+
 When: ``poll`` runs at the end of every loop iteration (``Worker._idle``). Its fast path is one read of the
 board's REQUEST word: a reader asking for fresh numbers is answered in that iteration (after the rings that
 forward publishes were drained, or after REQUEST_GRACE if they never run empty, so that an OK'd forwarded publish
@@ -122,6 +128,8 @@ class StatsPublisher:
         self._req = board.request_view(worker.index)
         self._served = board.done(worker.index)  # requests made while this worker was down are answered first
         self.changed = set()        # names of topics that may have changed since the last publication
+        self.structural = set()     # of those, topics created or deleted, or whose channels were: published at once
+        self._lookupd_wake = getattr(plan, "lookupd_wake", None)  # the lookupd link's eventfd (None: no link)
         self._all = True            # the first publication covers every topic (a restarted worker has many)
         self._due = True
         self._since = 0.0           # monotonic time the last publication started (pump.last_read is compared)
@@ -147,6 +155,12 @@ class StatsPublisher:
         # (a reader asking for fresh numbers is answered at once all the same)
         self.worker.loop.call_later(max(PERIOD, self._cost / COST_SHARE), self._tick)
 
+    def structure_changed(self, name):
+        """Topic ``name`` was created or deleted, or a channel of it: publish it in this loop iteration and tell
+        the lookupd link (module docstring)."""
+        self.changed.add(name)
+        self.structural.add(name)
+
     def requested(self):
         """A reader is waiting for a publication (one shared word)."""
         return self._req[0] != self._served
@@ -159,20 +173,50 @@ class StatsPublisher:
                 if not self._asked_at:
                     self._asked_at = now
                 if now - self._asked_at < REQUEST_GRACE:
+                    if self.structural:
+                        self.publish_structure()
                     return  # forwarded publishes are still coming in: count them first
             self.publish()
         elif self._due:
             self.publish()
+        elif self.structural:
+            self.publish_structure()
+
+    def publish_structure(self):
+        """Only the topics whose registrations changed (their rows and their channels'), then the lookupd
+        link's wake-up; the rest (clients, other topics) waits for the next publication."""
+        t0 = time.monotonic()
+        names, self.structural = self.structural, set()
+        for name in names:
+            try:
+                self._topic(name, [])
+            except Exception as e:
+                self._failed(t0, e)
+        try:
+            self.rows.flush()
+        except Exception as e:
+            self._failed(t0, e)
+        self._wake_lookupd()
+
+    def _wake_lookupd(self):
+        if self._lookupd_wake is not None:
+            try:
+                os.eventfd_write(self._lookupd_wake, 1)
+            except OSError:  # a full counter (the link reads it to zero at each wake-up): it is awake anyway
+                pass
 
     def publish(self):
         t0 = time.monotonic()
         ticket = int(self._req[0])  # what is published now answers every request made before this point
         written = 0
+        structural, self.structural = self.structural, set()  # their names are in ``changed`` too
         try:
             written = self._publish(t0)
         except Exception as e:  # e.g. no /dev/shm for a bigger table: readers keep the last rows, queued
             self._failed(t0, e)   # changes stay queued and go out with the next flush
         self.rows.done(ticket, time.time_ns())
+        if structural:
+            self._wake_lookupd()
         self._served = ticket
         self._due = False
         self._asked_at = 0.0

@@ -243,7 +243,7 @@ class Topic:
             self.channels[name] = ch
             self.worker.channels_by_key[ch.key] = ch
             self.worker.touched.add(self)
-            self.worker.stats.changed.add(self.name)
+            self.worker.stats.structure_changed(self.name)
         return ch
 
     def delete_channel(self, name):
@@ -253,7 +253,7 @@ class Topic:
         ch.deleted = True
         self.worker.channels_by_key.pop(ch.key, None)
         self.worker.touched.add(self)
-        self.worker.stats.changed.add(self.name)
+        self.worker.stats.structure_changed(self.name)
         ch.drop_all()
         for s in list(ch.consumers):
             s.channel = None
