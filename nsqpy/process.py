@@ -33,3 +33,11 @@ def stop_cleanly_while_importing(program):
     if launched and signal.getsignal(signal.SIGTERM) is signal.SIG_DFL:
         for sig in (signal.SIGTERM, signal.SIGINT):
             signal.signal(sig, _stop_before_start)
+
+
+def ignore_interrupt():
+    """SIGINT ignored from now on: a terminal's ^C reaches every process of the daemon's group, and its supervisor
+    alone decides (it TERMs its children in order). A gunicorn arbiter and its workers call this from the hooks
+    that run after gunicorn installed its own handlers (``when_ready``, ``post_worker_init``, which gunicorn calls
+    with one argument)."""
+    signal.signal(signal.SIGINT, signal.SIG_IGN)

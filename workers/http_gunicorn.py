@@ -13,7 +13,7 @@ from gunicorn.sock import TCP6Socket, TCPSocket
 
 from http_api.gunicorn_log import NsqGunicornLog
 
-from nsqpy.process import die_with_parent
+from nsqpy.process import die_with_parent, ignore_interrupt
 from workers.http import GRACEFUL, build_deps, http_slots
 
 _WORKER_CLASSES = {"sync": "sync", "gthread": "gthread", "asgi": "asgi"}
@@ -54,12 +54,14 @@ class NsqdGunicorn(BaseApplication):
             app.slot = worker.nsq_slot
 
         def when_ready(arbiter):
+            ignore_interrupt()  # ^C: nsqd's supervisor decides (gunicorn's handler would stop at once)
             os.write(self.ready_fd, b"h")
 
         settings = {
             "workers": self.n_workers, "worker_class": _WORKER_CLASSES[self.worker_class], "threads": self.threads,
             "timeout": 60, "graceful_timeout": GRACEFUL, "keepalive": 75, "logger_class": _Log,
             "proc_name": "nsqd-http", "pre_fork": pre_fork, "post_fork": post_fork, "when_ready": when_ready,
+            "post_worker_init": lambda worker: ignore_interrupt(),
             "limit_request_line": 8190, "accesslog": None, "control_socket_disable": True,
         }
         if self.tls:

@@ -37,7 +37,7 @@ import select
 import signal
 import time
 
-from nsqpy.process import die_with_parent
+from nsqpy.process import die_with_parent, ignore_interrupt
 from nsqpy.sdnotify import Notifier
 
 EXIT_CANNOT_RUN = 3
@@ -126,8 +126,8 @@ class Supervisor:
                 signal.set_wakeup_fd(-1)
                 for sig in (signal.SIGTERM, signal.SIGCHLD):
                     signal.signal(sig, signal.SIG_DFL)
-                # a terminal's ^C reaches the whole process group: the supervisor decides, and TERMs its children
-                signal.signal(signal.SIGINT, signal.SIG_IGN)
+                ignore_interrupt()  # a terminal's ^C reaches the whole group: the supervisor TERMs its children
+                os.environ.pop("NOTIFY_SOCKET", None)  # only the supervisor speaks to systemd (gunicorn would too)
                 child.target(restarted, self._ready_w)
                 code = 0
             except SystemExit as e:

@@ -18,7 +18,7 @@ from gunicorn.arbiter import Arbiter
 from gunicorn.sock import TCP6Socket, TCPSocket
 
 from http_api.gunicorn_log import NsqGunicornLog
-from nsqpy.process import die_with_parent
+from nsqpy.process import die_with_parent, ignore_interrupt
 
 __all__ = ["serve", "LookupdGunicorn"]
 
@@ -46,11 +46,13 @@ class LookupdGunicorn(BaseApplication):
             die_with_parent(arbiter.pid)
 
         def when_ready(arbiter):
+            ignore_interrupt()  # ^C: nsqlookupd's supervisor decides (gunicorn's handler would stop at once)
             os.write(ready_fd, b"h")
 
         settings = {"workers": self.n_workers, "worker_class": "sync", "timeout": 60, "graceful_timeout": GRACEFUL,
                     "logger_class": _Log, "proc_name": "nsqlookupd-http", "post_fork": post_fork,
-                    "when_ready": when_ready, "accesslog": None, "control_socket_disable": True}
+                    "post_worker_init": lambda worker: ignore_interrupt(), "when_ready": when_ready,
+                    "accesslog": None, "control_socket_disable": True}
         for key, value in settings.items():
             if key in self.cfg.settings:
                 self.cfg.set(key, value)
