@@ -15,7 +15,11 @@ Error texts are Go's, so scripts and people that know nsqd see the same words.
 """
 from __future__ import annotations
 
+import textwrap
+
 from .kinds import go_quote
+
+HELP_WIDTH = 72  # columns of help text after Go's "    \t" indent (a tab stop at 8): every line fits 80
 
 
 class OptionsError(Exception):
@@ -79,16 +83,21 @@ def _parse_bool_like(spec, value: str | None):
 
 
 def format_usage(prog: str, specs: list, defaults) -> str:
-    """Go's ``Usage of prog:`` + PrintDefaults layout, flags sorted by name."""
+    """Go's ``Usage of prog:`` + PrintDefaults layout, flags sorted by name, each help wrapped to HELP_WIDTH under
+    its flag. A help that describes its default in words (``(default: the OS hostname)``) is not followed by the
+    value computed on this host as well; hidden (test-only) flags are left out."""
     lines = ["Usage of %s:" % prog]
-    for spec in sorted(specs, key=lambda s: s.name):
+    for spec in sorted((s for s in specs if not s.hidden), key=lambda s: s.name):
         head = "  -" + spec.name
         if spec.kind.type_name:
             head += " " + spec.kind.type_name
-        text = spec.help.replace("\n", "\n    \t")
+        text = spec.help
         shown = spec.kind.show(getattr(defaults, spec.attr))
-        if shown is not None:
+        if shown is not None and "(default" not in text:
             text += " (default %s)" % shown
         # Go keeps a one-letter bool flag's help on its own line; no such flag here.
-        lines.append(head + "\n    \t" + text)
+        lines.append(head)
+        for paragraph in text.split("\n"):
+            wrapped = textwrap.wrap(paragraph, HELP_WIDTH, break_long_words=False, break_on_hyphens=False)
+            lines.extend("    \t" + line for line in wrapped or [""])
     return "\n".join(lines) + "\n"

@@ -195,11 +195,11 @@ class NsqdOptions(DaemonOptions):
                                            "this much address space, not memory)", nsqpy_only=True)
     crash_on_body: str = option(Str(), "", "nsqpy only: for fault-injection tests, a worker kills itself with "
                                 "SIGSEGV when it frames a message whose body starts with this text (never set "
-                                "it in production)", nsqpy_only=True)
+                                "it in production)", nsqpy_only=True, hidden=True)
     crash_on_forwarded_body: str = option(Str(), "", "nsqpy only: for fault-injection tests, a topic's owner kills "
                                           "itself with SIGSEGV when it appends a publish forwarded by another "
                                           "worker holding a message whose body starts with this text (never set it "
-                                          "in production)", nsqpy_only=True)
+                                          "in production)", nsqpy_only=True, hidden=True)
     ring_budget: int = option(Int(1 << 20), 1 << 30, "nsqpy only: bytes of /dev/shm that the rings carrying "
                               "publishes and commands to topic owners may take when all of them are full: each "
                               "of the (workers + external-producers) x workers - workers rings gets an equal share, "

@@ -34,13 +34,15 @@ class Spec:
     reported: bool  # visible through GET /config/:opt
     nsqpy_only: bool  # an nsqpy extension, not an NSQ flag
     support: object = None  # None: implemented; else a support.Refused / Unused / Deprecated (help says so)
+    hidden: bool = False  # accepted, but left out of -h and the example config files (test-only flags)
 
 
 def option(kind: Kind, default=None, help: str = "", *, factory=None, cfg: str | None = None,
-           from_file: bool = True, reported: bool = True, nsqpy_only: bool = False, support=None):
+           from_file: bool = True, reported: bool = True, nsqpy_only: bool = False, support=None, hidden=False):
     """Declare a dataclass field that is also a flag; ``factory`` computes the default. ``support``: what nsqpy
-    does with an option it accepts but does not implement yet (``nsqpy.config.support``); None: implemented."""
-    meta = {"option": (kind, help, cfg, from_file, reported, nsqpy_only, support)}
+    does with an option it accepts but does not implement yet (``nsqpy.config.support``); None: implemented.
+    ``hidden``: a test-only flag (fault injection), accepted but not listed by -h."""
+    meta = {"option": (kind, help, cfg, from_file, reported, nsqpy_only, support, hidden)}
     if factory is None and isinstance(default, list):
         factory = default.copy
     if factory is not None:
@@ -115,12 +117,13 @@ class Options:
 
 
 def _spec(field: dataclasses.Field) -> Spec:
-    kind, help_text, cfg, from_file, reported, nsqpy_only, support = field.metadata["option"]
+    kind, help_text, cfg, from_file, reported, nsqpy_only, support, hidden = field.metadata["option"]
     suffix = support.help_suffix() if support is not None else ""
     return Spec(
         attr=field.name, name=field.name.replace("_", "-"), kind=kind,
         help=f"{help_text} {suffix}" if suffix else help_text,
         cfg=cfg or field.name, from_file=from_file, reported=reported, nsqpy_only=nsqpy_only, support=support,
+        hidden=hidden,
     )
 
 
