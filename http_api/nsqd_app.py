@@ -9,8 +9,9 @@ message is committed to the owner's ring, which loses nothing when either side i
 real thing alike; nothing here imports ``workers``.
 
 Replies follow nsqd's ``http_api.RespondV1``: a string body as is, nothing as an empty 200, a dict as JSON with
-``application/json; charset=utf-8``; errors as ``{"message": "<CODE>"}`` with their status, raised as ``ApiError``
-by the resources and turned into replies in one place (``_on_error``). Every reply carries
+``application/json; charset=utf-8``; errors as ``{"message":"<CODE>"}`` (Go's encoding/json bytes) with their
+status, raised as ``ApiError`` by the resources and turned into replies in one place (``_on_error``). Methods as
+NSQ's router answers them (``http_api/methods.py``: 405 for any method a route does not serve, ``FOO`` too). Every reply carries
 ``X-NSQ-Content-Type: nsq; version=1.0`` (go-nsq and nsqadmin read replies without the pre-1.0 envelope then).
 """
 from __future__ import annotations
@@ -21,6 +22,8 @@ import traceback
 from typing import Callable, Optional
 
 import falcon
+
+from http_api.methods import MethodCheck, MethodCheckAsync
 
 __all__ = ["create_app", "NsqdDeps", "ApiError", "PublishRefused", "NSQ_CONTENT_TYPE", "JSON_TYPE"]
 
@@ -82,7 +85,7 @@ def reply_error(resp, status: int, message: str, plain: bool = False) -> None:
         resp.text = message
     else:
         resp.content_type = JSON_TYPE
-        resp.text = json.dumps({"message": message})
+        resp.text = json.dumps({"message": message}, separators=(",", ":"))
 
 
 def create_app(deps: NsqdDeps, asgi: bool = False):
@@ -95,9 +98,10 @@ def create_app(deps: NsqdDeps, asgi: bool = False):
     tls_only = int(getattr(deps.opts, "tls_required", 0)) == 2  # TLSRequired.REQUIRED ("tcp-https": HTTP open)
     if asgi:
         from falcon import asgi as falcon_asgi
-        app = falcon_asgi.App(middleware=[_NsqHeaderAsync()] + ([_TlsRequiredAsync(deps)] if tls_only else []))
+        app = falcon_asgi.App(middleware=[_NsqHeaderAsync(), MethodCheckAsync()] +
+                              ([_TlsRequiredAsync(deps)] if tls_only else []))
     else:
-        app = falcon.App(middleware=[_NsqHeader()] + ([_TlsRequired(deps)] if tls_only else []))
+        app = falcon.App(middleware=[_NsqHeader(), MethodCheck()] + ([_TlsRequired(deps)] if tls_only else []))
     app.req_options.auto_parse_qs_csv = False
 
     def on_api_error(req, resp, ex, params):
@@ -133,7 +137,7 @@ class _TlsRequired:
     """--tls-required=true: every plain-HTTP request gets 403 TLS_REQUIRED with the HTTPS port (spec 2.1)."""
 
     def __init__(self, deps):
-        self.body = json.dumps({"message": "TLS_REQUIRED", "https_port": deps.https_port})
+        self.body = json.dumps({"message": "TLS_REQUIRED", "https_port": deps.https_port}, separators=(",", ":"))
 
     def process_request(self, req, resp):
         if req.scheme != "https":

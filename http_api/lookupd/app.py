@@ -11,7 +11,8 @@ Replies follow NSQ's V1 conventions: a JSON body with ``Content-Type: applicatio
 200 for changes, ``{"message": "<CODE>"}`` with the status for errors, and ``X-NSQ-Content-Type: nsq; version=1.0``
 on all of them, except ``/ping`` (plain text ``OK`` without that header, as nsqlookupd's PlainText handler).
 Errors are mapped in one place (``_error_handler``): NSQ's own (``LookupError_``), Falcon's 404/405 for unknown routes
-and methods (NOT_FOUND, METHOD_NOT_ALLOWED) and anything unexpected (500 INTERNAL_ERROR). Every request is logged
+and methods (NOT_FOUND, METHOD_NOT_ALLOWED: any method a route does not serve, ``FOO`` too, as NSQ's router:
+``http_api/methods.py``) and anything unexpected (500 INTERNAL_ERROR). Every request is logged
 as nsqlookupd does: ``200 GET /lookup?topic=t (127.0.0.1:40000) 1.2ms``.
 """
 from __future__ import annotations
@@ -20,6 +21,7 @@ import time
 
 import falcon
 
+from http_api.methods import MethodCheck
 from http_api.query import BadQuery, parse_query
 from nsqpy.config.duration import format_duration
 from nsqpy.lookupd.queries import go_json
@@ -155,7 +157,7 @@ def _error_handler(log):
 
 
 def create_app(queries, log=None) -> falcon.App:
-    app = falcon.App(middleware=[RequestLog(log)])
+    app = falcon.App(middleware=[RequestLog(log), MethodCheck()])
     app.resp_options.default_media_type = None  # every reply sets its own (or none, as NSQ's empty 200)
     app.add_route("/ping", Ping())
     for path, (method, op, args) in ROUTES.items():

@@ -36,6 +36,11 @@ CASES = [
     ("ping-post", "POST", "/ping", b"", 405, err("METHOD_NOT_ALLOWED")),
     ("pub-get", "GET", f"/pub?topic={SINK}", b"", 405, err("METHOD_NOT_ALLOWED")),
     ("stats-post", "POST", "/stats", b"", 405, err("METHOD_NOT_ALLOWED")),
+    # any method a route does not serve, one Falcon does not know too, is NSQ's 405 (Go's JSON bytes: no spaces)
+    ("foo-ping", "FOO", "/ping", b"", 405, b'{"message":"METHOD_NOT_ALLOWED"}'),
+    ("foo-pub", "FOO", f"/pub?topic={SINK}", b"x", 405, b'{"message":"METHOD_NOT_ALLOWED"}'),
+    ("foo-config", "FOO", "/config/log_level", b"", 405, b'{"message":"METHOD_NOT_ALLOWED"}'),
+    ("foo-no-route", "FOO", "/nope", b"", 404, b'{"message":"NOT_FOUND"}'),
     # /pub: body size first, then emptiness, then the topic, then defer
     ("pub-ok", "POST", f"/pub?topic={SINK}", b"hello", 200, b"OK"),
     ("pub-binary-body", "POST", f"/pub?topic={SINK}", b"\xff\x00\xfe", 200, b"OK"),

@@ -74,6 +74,18 @@ def test_every_row(api, case):
     check(case, status, body, headers)
 
 
+@pytest.mark.parametrize("path, allow", [("/ping", "GET, OPTIONS"), ("/config/log_level", "GET, OPTIONS, PUT"),
+                                         ("/pub?topic=x", "OPTIONS, POST")])
+def test_allow_lists_the_routes_methods_as_httprouter(api, path, allow):
+    """405 for a method the route does not serve (FOO included) and OPTIONS both list the route's methods and
+    OPTIONS, sorted, as nsqd's router (httprouter) does."""
+    with Http(api) as h:
+        status, headers, body = h.request("FOO", path)
+        assert (status, body, headers["allow"]) == (405, b'{"message":"METHOD_NOT_ALLOWED"}', allow)
+        status, headers, body = h.request("OPTIONS", path)
+        assert (status, body, headers["allow"]) == (200, b"", allow)
+
+
 def test_http_publishes_reach_a_pynsq_consumer_exactly(api, http_nsqd):
     topic = unique("hp")
     lp = PynsqLoop(http_nsqd.address)

@@ -71,12 +71,28 @@ ERRORS = [
     ("POST", "/lookup?topic=t", 405, "METHOD_NOT_ALLOWED"),
     ("DELETE", "/topics", 405, "METHOD_NOT_ALLOWED"),
     ("PUT", "/ping", 405, "METHOD_NOT_ALLOWED"),
+    ("FOO", "/ping", 405, "METHOD_NOT_ALLOWED"),       # a method no route serves: 405 too, as httprouter
+    ("FOO", "/lookup?topic=t", 405, "METHOD_NOT_ALLOWED"),
+    ("FOO", "/nope", 404, "NOT_FOUND"),
 ]
 
 
 @pytest.mark.parametrize("method, path, status, code", ERRORS, ids=[f"{m} {p}" for m, p, _, _ in ERRORS])
 def test_errors(lk, method, path, status, code):
     expect(lk, method, path, status, b'{"message":"%s"}' % code.encode())
+
+
+@pytest.mark.parametrize("method", ["FOO", "POST", "OPTIONS"])
+@pytest.mark.parametrize("path, allow", [("/ping", "GET, OPTIONS"), ("/topic/create?topic=t", "OPTIONS, POST")])
+def test_allow_lists_the_routes_methods_as_httprouter(lk, method, path, allow):
+    status, headers, body = lk.request(method, path)
+    if method == "OPTIONS":
+        assert (status, body) == (200, b"")
+    elif method != "POST" or path == "/ping":
+        assert (status, body) == (405, b'{"message":"METHOD_NOT_ALLOWED"}')
+    else:
+        return  # POST is /topic/create's own method
+    assert headers["allow"] == allow
 
 
 def test_parameters_come_from_the_query_string_only(lk):
