@@ -8,9 +8,10 @@ Spark executor and script.
 from nsqpy.client.blocking import Consumer, Producer
 from nsqpy.client.config import Config
 from nsqpy.client.consumer import AsyncConsumer
-from nsqpy.client.errors import ClientError, ConnectionClosed, NoConnection, ProtocolError, StoppedError
+from nsqpy.client.errors import (ClientError, ConnectionClosed, InvalidName, NoConnection, ProtocolError,
+                                 StoppedError)
 from nsqpy.client.message import Message
 from nsqpy.client.producer import AsyncProducer
 
 __all__ = ["Producer", "Consumer", "AsyncProducer", "AsyncConsumer", "Config", "Message", "ProtocolError",
-           "ClientError", "ConnectionClosed", "NoConnection", "StoppedError"]
+           "ClientError", "ConnectionClosed", "InvalidName", "NoConnection", "StoppedError"]

@@ -14,6 +14,7 @@ import signal
 import threading
 
 from nsqpy.client.consumer import AsyncConsumer
+from nsqpy.client.errors import StoppedError
 from nsqpy.client.producer import AsyncProducer
 
 __all__ = ["Producer", "Consumer", "LoopThread"]
@@ -63,37 +64,63 @@ class Producer:
             p.mpub("events", [b"a", b"b"])
             p.dpub("events", 1.5, b"later")    # delivered 1.5 s from now
 
-    `timeout` bounds how long a blocking call waits for nsqd's reply (None: no bound; a dead connection still
-    ends after read_timeout). Other options are `Config` fields, plus `connect_timeout` and `max_body_size`.
+    `timeout` bounds how long a blocking call waits, fail-over included (None: no bound); each reply must come
+    within the `write_timeout` option (1 s), else the publish goes to the next nsqd (see AsyncProducer). Other
+    options are `Config` fields, plus `connect_timeout` and `max_body_size`.
     """
 
     def __init__(self, nsqd_tcp_addresses, *, timeout: float | None = 60.0, **options):
         self._thread = LoopThread("nsq-producer")
         self.timeout = timeout
         self._async = self._thread.run(_build(AsyncProducer, nsqd_tcp_addresses, **options))
+        self._stopped = False
+        self._closed = False
 
-    def connect(self) -> None:
-        """Dial now instead of on the first publish (raises NoConnection if no nsqd answers)."""
-        self._thread.run(self._async.connect(), self.timeout)
+    def connect(self, timeout: float | None = None) -> None:
+        """Dial now instead of on the first publish (raises NoConnection if no nsqd answers within `timeout`,
+        default connect_timeout; 0: after one try of each address)."""
+        self._run(self._async.connect(timeout))
 
     def publish(self, topic: str, body) -> None:
-        self._thread.run(self._async.publish(topic, _bytes(body)), self.timeout)
+        self._run(self._async.publish(topic, _bytes(body)))
 
     def mpub(self, topic: str, bodies) -> None:
-        self._thread.run(self._async.mpub(topic, [_bytes(b) for b in bodies]), self.timeout)
+        self._run(self._async.mpub(topic, [_bytes(b) for b in bodies]))
 
     def dpub(self, topic: str, delay: float, body) -> None:
-        self._thread.run(self._async.dpub(topic, delay, _bytes(body)), self.timeout)
+        self._run(self._async.dpub(topic, delay, _bytes(body)))
 
     def publish_async(self, topic: str, body) -> concurrent.futures.Future:
-        return self._thread.submit(self._async.publish(topic, _bytes(body)))
+        return self._submit(self._async.publish(topic, _bytes(body)))
 
     def mpub_async(self, topic: str, bodies) -> concurrent.futures.Future:
-        return self._thread.submit(self._async.mpub(topic, [_bytes(b) for b in bodies]))
+        return self._submit(self._async.mpub(topic, [_bytes(b) for b in bodies]))
+
+    def _open(self, coro):
+        if self._closed:   # the loop is gone: nothing would ever run the coroutine
+            coro.close()
+            raise StoppedError("producer closed")
+        return coro
+
+    def _submit(self, coro) -> concurrent.futures.Future:
+        return self._thread.submit(self._open(coro))
+
+    def _run(self, coro):
+        return self._thread.run(self._open(coro), self.timeout)
+
+    def stop(self) -> None:
+        """Stop publishing: dials and back-off end at once, publishes already sent get their replies, later
+        ones raise StoppedError (from any thread). close() then ends the loop thread."""
+        if not self._stopped:
+            self._stopped = True
+            self._thread.run(self._async.close(), 10.0)
 
     def close(self) -> None:
+        if self._closed:
+            return
+        self._closed = True
         try:
-            self._thread.run(self._async.close(), 10.0)
+            self.stop()
         finally:
             self._thread.close()
 

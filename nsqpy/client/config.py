@@ -9,9 +9,9 @@ import socket
 import ssl
 from dataclasses import dataclass, field, fields, replace
 
-_version = "0.1.0"  # setup.cfg's version; not read from package metadata, which costs import time
+VERSION = "0.1.0"  # setup.cfg's version; not read from package metadata, which costs import time
 
-__all__ = ["Config"]
+__all__ = ["Config", "VERSION"]
 
 
 def _short_hostname() -> str:
@@ -23,7 +23,7 @@ class Config:
     # IDENTIFY (spec 1.6); 0 means "the server's default" where NSQ says so.
     client_id: str = field(default_factory=_short_hostname)
     hostname: str = field(default_factory=socket.gethostname)
-    user_agent: str = f"nsqpy/{_version}"
+    user_agent: str = f"nsqpy/{VERSION}"
     heartbeat_interval: float = 30.0      # must stay below read_timeout: two missed heartbeats drop the link
     output_buffer_size: int = 16384
     output_buffer_timeout: float = 0.25
@@ -40,8 +40,9 @@ class Config:
     # Connections.
     dial_timeout: float = 1.0
     read_timeout: float = 60.0            # no byte for this long: the connection is dead
-    write_timeout: float = 1.0
-    max_reconnect_interval: float = 15.0  # producer back-off cap; consumers re-dial direct nsqds this often
+    write_timeout: float = 1.0            # producer: a publish's reply (and the bootstrap) must come within this,
+                                          # else the connection is dropped and the publish goes to the next nsqd
+    max_reconnect_interval: float = 15.0  # producer: cap of the dial and fail-back back-off
     reconnect_interval: float = 15.0      # consumer: pynsq's 15 s before re-dialling a lost direct nsqd
 
     # Consumer flow control (spec 7.2).

@@ -20,6 +20,13 @@ send (and one deflate sync flush) rather than one syscall each.
 Error handling: a fatal error frame fails the oldest pending command with the matching `ProtocolError`; any
 end of the connection (EOF, garbage, read deadline, fatal error) fails every other pending command with
 `ConnectionClosed` and calls `on_close` once.
+
+Reply deadline (`reply_timeout`, the producer's write_timeout): while commands wait for replies, one must come
+back within that many seconds of the previous reply (or of the command, after an idle spell); otherwise nsqd
+is taken for unresponsive (stopped, partitioned, its socket buffers full) and the connection is aborted, which
+fails every pending command with `ConnectionClosed`. Measuring from the last reply rather than from each
+command keeps a deep pipeline from timing out while nsqd answers it steadily. One timer per connection, re-armed
+lazily, so a reply costs a clock read and no timer.
 """
 
 from __future__ import annotations
@@ -53,6 +60,7 @@ class Connection:
         self.identity: dict = {}          # the IDENTIFY JSON reply ({} from a server without negotiation)
         self.max_rdy_count = 2500
         self.closed = False
+        self.fatal_error = None          # the fatal error frame nsqd sent before closing, if any
         # Consumer bookkeeping (the consumer owns these; kept here because they are per connection).
         self.rdy = 0
         self.in_flight = 0
@@ -67,6 +75,9 @@ class Connection:
         self._out: list[bytes] = []
         self._flush_handle = None
         self._read_task: asyncio.Task | None = None
+        self.reply_timeout: float | None = None   # see the module docstring; None: replies may take any time
+        self._replied_at = 0.0
+        self._reply_timer: asyncio.TimerHandle | None = None
         self.done = asyncio.get_running_loop().create_future()   # resolved (with the cause) when closed
 
     @property
@@ -78,7 +89,9 @@ class Connection:
 
     # -- bootstrap ---------------------------------------------------------------------------------------------
 
-    async def connect(self) -> "Connection":
+    async def connect(self, bootstrap_timeout: float | None = None) -> "Connection":
+        """Dial and bootstrap; the bootstrap (IDENTIFY, upgrades, AUTH) must finish within `bootstrap_timeout`
+        (default read_timeout)."""
         cfg = self.config
         check_supported(cfg.snappy)
         try:
@@ -86,7 +99,7 @@ class Connection:
                 self._reader, self._writer = await asyncio.open_connection(self.host, self.port, limit=_READ_CHUNK)
             # The bootstrap reads are bounded by read_timeout: a server that accepts and then says nothing
             # must not hang the caller.
-            async with asyncio.timeout(cfg.read_timeout):
+            async with asyncio.timeout(bootstrap_timeout or cfg.read_timeout):
                 await self._bootstrap()
         except BaseException:
             self._abort()
@@ -184,6 +197,8 @@ class Connection:
         self._finish(cause)
 
     def _dispatch(self, frames) -> None:
+        if self.reply_timeout and frames:
+            self._replied_at = asyncio.get_running_loop().time()   # a heartbeat counts too: nsqd is alive
         for frame_type, data in frames:
             if frame_type == FRAME_MESSAGE:
                 self.on_message(self, wire.decode_message(data))
@@ -199,7 +214,9 @@ class Connection:
                 if not err.fatal:
                     if self.on_error:
                         self.on_error(self, err)
-                elif self._pending:
+                    continue
+                self.fatal_error = err
+                if self._pending:
                     _resolve(self._pending.popleft(), err)
                 else:
                     log.error("%s: %s", self.address, err)
@@ -220,14 +237,40 @@ class Connection:
 
     async def command(self, data: bytes) -> bytes:
         """Send a command that gets one reply and wait for it; raises the error frame's ProtocolError."""
-        fut = asyncio.get_running_loop().create_future()
+        loop = asyncio.get_running_loop()
+        fut = loop.create_future()
         self.send(data)
+        if self.reply_timeout and not self._pending:
+            self._replied_at = loop.time()   # the clock starts now, not at the last reply before an idle spell
+            if self._reply_timer is None:
+                self._reply_timer = loop.call_later(self.reply_timeout, self._check_replies)
         self._pending.append(fut)
         if self._writer.transport.get_write_buffer_size() > _DRAIN_ABOVE:
             self._flush()
-            await self._writer.drain()
-        result = await fut
-        return result
+            try:
+                await self._writer.drain()
+            except OSError:
+                pass   # the connection is gone: `fut` is failed with the reason
+        return await fut
+
+    def _check_replies(self) -> None:
+        self._reply_timer = None
+        if self.closed or not self._pending:
+            return
+        loop = asyncio.get_running_loop()
+        idle = loop.time() - self._replied_at
+        if idle < self.reply_timeout:
+            self._reply_timer = loop.call_later(self.reply_timeout - idle, self._check_replies)
+            return
+        self._writer.transport.abort()   # a dead peer: do not wait to flush what is queued for it
+        self._finish(ConnectionClosed(f"{self.address}: no reply within {self.reply_timeout:g}s"))
+
+    async def close_when_idle(self) -> None:
+        """Close once the commands already sent have their replies (each is bounded by reply_timeout)."""
+        if self._pending:
+            await asyncio.wait(list(self._pending))
+        self.close()
+        await self.wait_closed()
 
     def _flush(self) -> None:
         self._flush_handle = None
@@ -269,6 +312,9 @@ class Connection:
         if self._flush_handle is not None:
             self._flush_handle.cancel()
             self._flush_handle = None
+        if self._reply_timer is not None:
+            self._reply_timer.cancel()
+            self._reply_timer = None
         if self._writer is not None:
             self._writer.close()
         while self._pending:

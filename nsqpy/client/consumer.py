@@ -32,11 +32,11 @@ from nsqpy.client.addresses import parse_address
 from nsqpy.client.backoff import Backoff
 from nsqpy.client.config import Config
 from nsqpy.client.conn import Connection
+from nsqpy.client.errors import check_name
 from nsqpy.client.handlers import HandlerRunner
 from nsqpy.client.message import Message
 from nsqpy.client.rdy import RdyPlanner
 from nsqpy.protocol import client as wire
-from nsqpy.protocol.names import is_valid_name
 
 __all__ = ["AsyncConsumer"]
 
@@ -46,8 +46,8 @@ log = logging.getLogger("nsqpy.client")
 class AsyncConsumer:
     def __init__(self, topic: str, channel: str, handler, *, nsqd_tcp_addresses=(), lookupd_http_addresses=(),
                  concurrency: int = 1, giving_up=None, config: Config | None = None, **options):
-        if not is_valid_name(topic) or not is_valid_name(channel):
-            raise ValueError(f"invalid topic or channel name: {topic!r}, {channel!r}")
+        check_name("topic", topic)
+        check_name("channel", channel)
         if isinstance(nsqd_tcp_addresses, str):
             nsqd_tcp_addresses = [nsqd_tcp_addresses]
         if isinstance(lookupd_http_addresses, str):

@@ -6,8 +6,8 @@ import time
 
 import pytest
 
-from nsqpy.client import AsyncConsumer, AsyncProducer, Consumer, Producer, ProtocolError
-from nsqpy.protocol.errors import BadTopic
+from nsqpy.client import AsyncConsumer, AsyncProducer, Consumer, InvalidName, Producer, ProtocolError
+from nsqpy.protocol.errors import BadMessage
 from tests.client.helpers import addr, unique, wait_until
 
 
@@ -63,9 +63,11 @@ def test_dpub_is_not_delivered_before_its_delay(shared_nsqd, producer):
 
 
 def test_errors_carry_nsqs_code(shared_nsqd, producer):
-    with pytest.raises(BadTopic) as info:
+    with pytest.raises(InvalidName):       # a bad name never reaches nsqd: the client checks it first
         producer.publish("bad!", b"x")
-    assert info.value.code == "E_BAD_TOPIC" and info.value.fatal
+    with pytest.raises(BadMessage) as info:  # above nsqd's default --max-msg-size (1 MiB)
+        producer.publish(unique("big"), b"x" * ((1 << 20) + 1))
+    assert info.value.code == "E_BAD_MESSAGE" and info.value.fatal
     assert isinstance(info.value, ProtocolError)
     topic = unique("after")
     got = []
