@@ -9,6 +9,7 @@ from .common import DaemonOptions
 from .duration import SECOND
 from .kinds import Bool, Duration, Str, StrList
 from .options import option, require
+from .support import Unused
 
 
 def _check_cidr(text: str) -> None:
@@ -28,12 +29,16 @@ class NsqadminOptions(DaemonOptions):
     log_prefix: str = option(Str(), "[nsqadmin] ", "prefix for every log line")
     http_address: str = option(Str(), "0.0.0.0:4171", "<addr>:<port> for HTTP clients")
     base_path: str = option(Str(), "/", "URL path prefix of every page and API route")
-    graphite_url: str = option(Str(), "", "graphite HTTP address (empty: no graphs)")
-    proxy_graphite: bool = option(Bool(), False, "proxy graphite requests through nsqadmin")
+    graphite_url: str = option(Str(), "", "graphite HTTP address; with it the topics page shows each "
+                                         "topic's rate (/api/graphite) (empty: off)")
+    proxy_graphite: bool = option(Bool(), False, "serve GET /render by passing it on to --graphite-url")
     statsd_counter_format: str = option(Str(), "stats.counters.%s.count", "how the statsd server formats "
-                                        "counter keys (empty: unformatted)")
+                                        "counter keys, for the rate column's graphite series (empty: "
+                                        "unformatted)")
     statsd_gauge_format: str = option(Str(), "stats.gauges.%s", "how the statsd server formats gauge keys "
-                                      "(empty: unformatted)")
+                                      "(empty: unformatted)",
+                                      support=Unused("the UI asks graphite for counters only (the rate column); "
+                                                     "its own charts replace Go's graphite graphs"))
     statsd_prefix: str = option(Str(), "nsq.%s", "statsd key prefix nsqd uses (%s for the host; must match "
                                 "nsqd)")
     statsd_interval: int = option(Duration(), 60 * SECOND, "statsd push interval nsqd uses (must match nsqd)")
@@ -59,6 +64,8 @@ class NsqadminOptions(DaemonOptions):
     dev_static_dir: str = option(Str(), "", "serve static files from this directory (development)")
 
     def settle(self) -> None:
+        if self.version:
+            return  # Go prints the version before checking anything else
         lookupd, nsqd = bool(self.lookupd_http_address), bool(self.nsqd_http_address)
         require(lookupd or nsqd, "--nsqd-http-address or --lookupd-http-address required")
         require(not (lookupd and nsqd), "use --nsqd-http-address or --lookupd-http-address not both")

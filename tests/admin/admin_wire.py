@@ -22,6 +22,11 @@ def eventually(cond, timeout=DEADLINE, what="condition"):
     return wait_until(cond, timeout, what)
 
 
+def on_lookupd(cluster, topic, count):
+    """Wait until the cluster's lookupd hands out ``count`` producers of ``topic``."""
+    eventually(lambda: len(cluster.lookupd.producer_ports(topic)) == count, what=f"{topic} on {count} producers")
+
+
 def q(name: str) -> str:
     return quote(name, safe="")
 

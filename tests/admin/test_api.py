@@ -13,7 +13,8 @@ from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 
 import pytest
 
-from tests.admin.admin_wire import eventually, http_name, node_channel, node_stats, node_topic, q
+from tests.admin.admin_wire import (eventually, http_name, node_channel, node_stats, node_topic, on_lookupd,
+                                    q)
 from tests.broker.wire import consumer, producer, unique
 
 TOPIC_FIELDS = ["node", "hostname", "topic_name", "depth", "memory_depth", "backend_depth", "message_count",
@@ -70,9 +71,6 @@ def admin(cluster, admin_factory, receiver):
     return admin_factory(f"--lookupd-http-address={cluster.lookupd.http}",
                          f"--notification-http-endpoint={receiver.url}")
 
-
-def on_lookupd(cluster, topic, count):
-    eventually(lambda: len(cluster.lookupd.producer_ports(topic)) == count, what=f"{topic} on {count} producers")
 
 
 @pytest.fixture(scope="module")

@@ -13,7 +13,8 @@ import shutil
 
 import pytest
 
-from tests.admin.admin_wire import DEADLINE, http_name, node_channel, node_topic, q
+from tests.admin.admin_wire import (DEADLINE, http_name, node_channel, node_stats, node_topic, on_lookupd,
+                                    q)
 from tests.broker.wire import consumer, producer, unique
 
 webdriver = pytest.importorskip("selenium.webdriver")
@@ -53,10 +54,6 @@ def browser(tmp_path_factory):
 def admin(cluster, admin_factory):
     return admin_factory(f"--lookupd-http-address={cluster.lookupd.http}", "--base-path=/ops")
 
-
-def on_lookupd(cluster, topic, count):
-    from tests.admin.admin_wire import eventually
-    eventually(lambda: len(cluster.lookupd.producer_ports(topic)) == count, what=f"{topic} on {count} producers")
 
 
 @pytest.fixture(scope="module")
@@ -176,7 +173,6 @@ def test_nodes_node_and_counter_pages(browser, admin, busy, shots, cluster):
     n1 = cluster.nodes[0]
     browser.find_element(By.CSS_SELECTOR, f"#nodes tr[data-node='{http_name(n1)}'] a").click()
     wait(browser, lambda d: d.find_elements(By.ID, "total-messages"), "the node page")
-    from tests.admin.admin_wire import node_stats
     want = sum(t["message_count"] for t in node_stats(n1)["topics"])
     assert number(browser.find_element(By.ID, "total-messages").text) == want
     assert browser.find_elements(By.CSS_SELECTOR, f"#node-topics tr[data-topic='{topic}']")

@@ -68,7 +68,8 @@ def test_client_rows_and_connected_duration():
 
 
 def test_e2e_percentiles_merge_by_quantile():
-    e2e = lambda v, n: {"count": n, "percentiles": [{"quantile": 0.99, "value": v}, {"quantile": 0.5, "value": v / 2}]}  # noqa: E731
+    def e2e(v, n):
+        return {"count": n, "percentiles": [{"quantile": 0.99, "value": v}, {"quantile": 0.5, "value": v / 2}]}
     total = TopicTotal("t")
     total.add(topic_row(raw_topic("t", 0, 0, e2e=e2e(100.0, 1)), "a:1", "a"))
     total.add(topic_row(raw_topic("t", 0, 0, e2e=e2e(300.0, 3)), "b:1", "b"))
