@@ -29,6 +29,7 @@ gc.disable()
 from nsqpy.config import NsqdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
+from nsqpy.preflight import PreflightError, check_addresses, check_data_path, listen_error
 from nsqpy.sdnotify import Notifier
 from nsqpy.store import metadata
 from workers.acceptor import acceptor_main
@@ -84,7 +85,18 @@ def _check(opts, log):
         server_context(opts)
     except (OSError, ValueError) as e:  # ssl.SSLError is an OSError
         raise StartError(f"failed to load TLS certificate/key: {e}") from None
+    try:  # before the warm-up, which can compile for tens of seconds
+        check_data_path(opts.data_directory())
+        check_addresses(_listeners(opts))
+    except PreflightError as e:
+        raise StartError(str(e)) from None
     return support
+
+
+def _listeners(opts):
+    """(flag, address) of each listener nsqd will bind (an empty address: that listener is off)."""
+    https = opts.https_address if opts.tls_cert and opts.http_address else ""
+    return [("--tcp-address", opts.tcp_address), ("--http-address", opts.http_address), ("--https-address", https)]
 
 
 def _say_hello(log, opts, support):
@@ -112,9 +124,16 @@ def _prepare(plan, opts, log):
         log.debug(f"kernels ready in {time.monotonic() - t0:.2f}s")
         salvage(plan, log)  # what a crashed instance of this data path left in shared memory, to disk first
         plan.create()
-        address = plan.bind()
-        http_sock = bind_http(opts)  # before fork, like the TCP listener: the HTTP child restarts on it
-        https_sock = bind_https(opts) if http_sock is not None else None
+        which = 0  # the listener being bound: _listeners(opts)[which]
+        try:
+            address = plan.bind()
+            which = 1
+            http_sock = bind_http(opts)  # before fork, like the TCP listener: the HTTP child restarts on it
+            which = 2
+            https_sock = bind_https(opts) if http_sock is not None else None
+        except OSError as e:  # taken since the preflight check
+            plan.destroy()
+            raise StartError(listen_error(*_listeners(opts)[which], e)) from None
     except SalvageError as e:
         raise StartError(str(e)) from None
     except (OSError, ValueError) as e:  # ValueError: a --tcp-address whose port is not a number

@@ -30,6 +30,7 @@ from nsqpy.config.nsqlookupd import NsqlookupdOptions
 from nsqpy.config.support import check_support
 from nsqpy.log import Logger
 from nsqpy.lookupd.queries import NSQ_VERSION
+from nsqpy.preflight import listen_error
 from nsqpy.sdnotify import Notifier
 
 __all__ = ["main", "version_string"]
@@ -96,19 +97,22 @@ def main(argv=None) -> int:
     notifier = Notifier.from_environ(os.environ)  # systemd's Type=notify (a no-op without $NOTIFY_SOCKET)
     sup = Supervisor(log, notifier=notifier)
     sup.trap_stop_signals()
-    log.info(version_string())
-    for line in support.warnings:
-        log.warn(line)
-    for line in support.notes:
-        log.info(line)
     listeners = []
     try:
-        for address in (opts.tcp_address, opts.http_address):
+        for flag, address in (("--tcp-address", opts.tcp_address), ("--http-address", opts.http_address)):
             try:
                 listeners.append(_bind(address))
-            except (OSError, ValueError) as e:  # ValueError: a port that is not a number
-                log.fatal(f"listen ({address}) failed - {e}")
+            except OSError as e:
+                log.fatal(listen_error(flag, address, e))
                 return 1
+            except ValueError:
+                log.fatal(f"{flag}={address}: the port is not a number")
+                return 1
+        log.info(version_string())
+        for line in support.warnings:
+            log.warn(line)
+        for line in support.notes:
+            log.info(line)
         tcp, http = listeners
         query = socket.socket(socket.AF_UNIX, socket.SOCK_STREAM)
         listeners.append(query)

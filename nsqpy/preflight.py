@@ -1,0 +1,69 @@
+"""What nsqd checks before it warms up (which can compile for tens of seconds): the data path and the listen
+addresses. Each failure is one line that says what is wrong and what to do, instead of a traceback naming a file
+nsqd would have created (a journal, nsqd.dat) or an ``Address already in use`` that names no address, after the
+compile.
+
+The address check binds each address with a port and closes it at once: the listeners themselves are bound
+later, where they always were (a client connecting during the warm-up is refused, not left waiting). A port taken
+in between still fails there, with the same message. nsqlookupd binds at once and words its failures with
+``listen_error`` too.
+"""
+from __future__ import annotations
+
+import errno
+import os
+import socket
+import tempfile
+
+
+class PreflightError(Exception):
+    """One line: why nsqd cannot start, and what to do."""
+
+
+def check_data_path(path: str) -> None:
+    if not os.path.exists(path):
+        raise PreflightError(f"--data-path {path} does not exist: create it (mkdir -p {path}) or point "
+                             f"--data-path at an existing directory")
+    if not os.path.isdir(path):
+        raise PreflightError(f"--data-path {path} is not a directory: point --data-path at a directory")
+    try:
+        fd, probe = tempfile.mkstemp(prefix=".nsqpy-probe-", dir=path)
+    except OSError as e:
+        raise PreflightError(f"--data-path {path} is not writable ({e.strerror}): give the user nsqd runs as "
+                             f"write access to it, or point --data-path elsewhere") from None
+    os.close(fd)
+    os.unlink(probe)
+
+
+def listen_error(flag: str, address: str, e: OSError) -> str:
+    """The line for a listener that cannot be bound (NSQ's ``listen (addr) failed`` words, and the way out)."""
+    if e.errno == errno.EADDRINUSE:
+        return (f"listen ({address}) failed - address already in use: another process listens there (an nsqd "
+                f"already running?); stop it or choose another {flag}")
+    if e.errno == errno.EADDRNOTAVAIL:
+        return f"listen ({address}) failed - no such local address: {flag} must name an address of this host"
+    if e.errno == errno.EACCES:
+        return (f"listen ({address}) failed - permission denied: a port below 1024 needs privileges; choose "
+                f"another {flag}")
+    return f"listen ({address}) failed - {e.strerror or e}"
+
+
+def check_addresses(addresses) -> None:
+    """``addresses``: (flag, "host:port") pairs; an empty address (listener off) or port 0 is not checked."""
+    for flag, address in addresses:
+        if not address:
+            continue
+        host, _, port = address.rpartition(":")
+        host = host.strip("[]") or "0.0.0.0"
+        try:
+            port = int(port)
+        except ValueError:
+            raise PreflightError(f"{flag}={address}: the port is not a number") from None
+        if port == 0:
+            continue
+        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
+            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener: TIME_WAIT is no conflict
+            try:
+                sock.bind((host, port))
+            except OSError as e:
+                raise PreflightError(listen_error(flag, address, e)) from None
