@@ -373,3 +373,55 @@ def test_a_stopped_node_is_named_not_silently_dropped(cluster, admin_factory):
         health = eventually(lambda: (lambda h: h if gone in {d["node"] for d in h["down"]} else None)(
             a.get("/api/health")), what="the stopped node in the health strip")
         assert not [n for n in health["nodes"] if n["node"] == gone][0]["ok"]
+
+
+class FakeGraphite:
+    """A graphite render endpoint: answers every GET with one datapoint and keeps the queries it got."""
+
+    def __init__(self, value):
+        self.queries: list[str] = []
+        outer = self
+
+        class Handler(BaseHTTPRequestHandler):
+            def do_GET(self):
+                outer.queries.append(self.path)
+                body = json.dumps([{"target": "x", "datapoints": [[value, 1]]}]).encode()
+                self.send_response(200)
+                self.send_header("Content-Type", "application/json")
+                self.send_header("Content-Length", str(len(body)))
+                self.end_headers()
+                self.wfile.write(body)
+
+            def log_message(self, *args):
+                pass
+        self.server = ThreadingHTTPServer(("127.0.0.1", 0), Handler)
+        threading.Thread(target=self.server.serve_forever, daemon=True).start()
+
+    @property
+    def url(self):
+        return f"http://127.0.0.1:{self.server.server_address[1]}"
+
+    def close(self):
+        self.server.shutdown()
+        self.server.server_close()
+
+
+def test_graphite_rate_and_proxy(cluster, admin_factory):
+    from urllib.parse import parse_qs, urlsplit
+    graphite = FakeGraphite(125.0)
+    try:
+        a = admin_factory(f"--lookupd-http-address={cluster.lookupd.http}", f"--graphite-url={graphite.url}",
+                          "--proxy-graphite", "--statsd-interval=10s")
+        assert a.get("/api/graphite?metric=rate&target=sumSeries(x)") == {"rate": "12.50"}
+        query = parse_qs(urlsplit(graphite.queries[-1]).query)
+        assert query == {"from": ["-20sec"], "until": ["-10sec"], "format": ["json"], "target": ["sumSeries(x)"]}
+        status, headers, body = a.request("GET", "/render?target=y&format=json")
+        assert status == 200 and json.loads(body)[0]["datapoints"] == [[125.0, 1]]
+        assert graphite.queries[-1] == "/render?target=y&format=json"
+        _, _, page = a.request("GET", "/")
+        assert b'"graph_enabled": true' in page
+    finally:
+        graphite.close()
+    assert a.call("GET", "/api/graphite?metric=rate&target=x") == (500, {"message": "INTERNAL_ERROR"})
+    no_proxy = admin_factory(f"--lookupd-http-address={cluster.lookupd.http}")
+    assert no_proxy.call("GET", "/render?target=y") == (404, {"message": "NOT_FOUND"})

@@ -280,3 +280,13 @@ def test_errors_are_nsq_json_never_a_traceback():
 
 def test_go_quote():
     assert go_quote(b'{"message":"X"}') == '"{\\"message\\":\\"X\\"}"'
+
+
+def test_dev_static_dir_serves_the_ui_from_a_directory(tmp_path):
+    (tmp_path / "app.js").write_text("// edited")
+    svc = FakeService()
+    svc.opts.dev_static_dir = str(tmp_path)
+    client = falcon.testing.TestClient(create_app(svc))
+    r = client.simulate_get("/static/app.js")
+    assert r.text == "// edited" and r.headers["content-type"] == "application/javascript"
+    assert client.simulate_get("/static/chart.js").status_code == 404  # only that directory
