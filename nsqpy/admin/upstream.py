@@ -10,16 +10,19 @@ same sentence from both: ``Get "http://h:p/stats?format=json": dial tcp h:p: con
 ``got response 404 Not Found "{\\"message\\":\\"TOPIC_NOT_FOUND\\"}"``. A 403 naming an ``https_port`` (nsqd with
 ``--tls-required``) is retried once over HTTPS on that port, as Go's client does.
 
-Resource handling: one connection per request (the nodes are few and the requests small; no pool to go stale
+Resource handling: ``request_timeout`` bounds each whole request (connect, send, headers and body), as Go's
+Client.Timeout does; one connection per request (the nodes are few and the requests small; no pool to go stale
 when a node restarts); the fan-out runs on one bounded thread pool per client, so a page over 100 nodes makes at
 most ``MAX_PARALLEL`` requests at once.
 """
 from __future__ import annotations
 
 import http.client
+import io
 import json
 import socket
 import ssl
+import time
 from concurrent.futures import ThreadPoolExecutor
 from urllib.parse import urlsplit
 
@@ -65,6 +68,44 @@ def _dial_text(host, port, err) -> str:
     return f"dial tcp {host}:{port}: {why}"
 
 
+class _DeadlineSocket:
+    """What http.client needs of a socket (sendall, makefile), every call bounded by one deadline for the whole
+    request (Go's Client.Timeout), so a node that answers a byte at a time cannot hold a page for longer."""
+
+    def __init__(self, sock, deadline: float):
+        self.sock = sock
+        self.deadline = deadline
+
+    def _arm(self):
+        left = self.deadline - time.monotonic()
+        if left <= 0:
+            raise socket.timeout("request deadline")
+        self.sock.settimeout(left)
+
+    def sendall(self, data):
+        self._arm()
+        self.sock.sendall(data)
+
+    def makefile(self, mode="rb", *args, **kwargs):
+        return io.BufferedReader(_DeadlineReader(self))
+
+    def close(self):
+        self.sock.close()
+
+
+class _DeadlineReader(io.RawIOBase):
+    def __init__(self, owner: _DeadlineSocket):
+        super().__init__()
+        self.owner = owner
+
+    def readable(self):
+        return True
+
+    def readinto(self, buffer):
+        self.owner._arm()
+        return self.owner.sock.recv_into(buffer, len(buffer))
+
+
 class Upstream:
     def __init__(self, connect_timeout: float = 2.0, request_timeout: float = 5.0, tls: ssl.SSLContext | None = None):
         self.connect_timeout = connect_timeout
@@ -82,11 +123,12 @@ class Upstream:
         except OSError as e:
             raise UpstreamError(f'{verb} "{url}": {_dial_text(host, port, e)}') from None
         try:
+            deadline = time.monotonic() + self.request_timeout
             sock.settimeout(self.request_timeout)
             if parts.scheme == "https":
                 sock = self.tls.wrap_socket(sock, server_hostname=host)
             conn = http.client.HTTPConnection(host, port)
-            conn.sock = sock
+            conn.sock = _DeadlineSocket(sock, deadline)
             conn.request(method, target, headers={"Accept": "application/vnd.nsq; version=1.0",
                                                   "User-Agent": "nsqadmin/nsqpy"})
             resp = conn.getresponse()

@@ -290,3 +290,55 @@ def test_dev_static_dir_serves_the_ui_from_a_directory(tmp_path):
     r = client.simulate_get("/static/app.js")
     assert r.text == "// edited" and r.headers["content-type"] == "application/javascript"
     assert client.simulate_get("/static/chart.js").status_code == 404  # only that directory
+
+
+# ---- upstream over real sockets -----------------------------------------------------------------------------
+
+def test_upstream_error_texts_are_gos(tmp_path):
+    import socket as _socket
+    import threading
+    import time
+
+    from nsqpy.admin.upstream import Upstream
+
+    up = Upstream(connect_timeout=2.0, request_timeout=0.5)
+    closed = _socket.socket()
+    closed.bind(("127.0.0.1", 0))
+    port = closed.getsockname()[1]
+    closed.close()  # nothing listens there now
+    with pytest.raises(UpstreamError) as err:
+        up.get_json(f"http://127.0.0.1:{port}/stats?format=json")
+    assert str(err.value) == (f'Get "http://127.0.0.1:{port}/stats?format=json": dial tcp 127.0.0.1:{port}: '
+                              "connect: connection refused")
+
+    def serve(listener, reply, drip=False):
+        conn, _ = listener.accept()
+        conn.recv(65536)
+        if drip:  # a byte at a time, for longer than the request timeout
+            try:
+                for byte in reply:
+                    conn.sendall(bytes([byte]))
+                    time.sleep(0.1)  # the stand-in's slowness, not a synchronisation
+            except BrokenPipeError:
+                pass  # nsqadmin gave up, as it should
+        else:
+            conn.sendall(reply)
+        conn.close()
+
+    for reply, drip, want in (
+            (b'HTTP/1.1 404 Not Found\r\nContent-Length: 29\r\n\r\n{"message":"TOPIC_NOT_FOUND"}', False,
+             'got response 404 Not Found "{\\"message\\":\\"TOPIC_NOT_FOUND\\"}"'),
+            (b"HTTP/1.1 200 OK\r\nContent-Length: 2\r\n\r\n{}" + b" " * 40, True, "context deadline exceeded")):
+        listener = _socket.socket()
+        listener.bind(("127.0.0.1", 0))
+        listener.listen(1)
+        t = threading.Thread(target=serve, args=(listener, reply, drip), daemon=True)
+        t.start()
+        started = time.monotonic()
+        with pytest.raises(UpstreamError) as err:
+            up.get_json(f"http://127.0.0.1:{listener.getsockname()[1]}/x")
+        assert want in str(err.value)
+        if drip:
+            assert time.monotonic() - started >= 0.5  # the whole request's deadline, not one read's
+        t.join(10)
+        listener.close()
