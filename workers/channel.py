@@ -3,7 +3,8 @@
 Theory of operation: the channel's queue is its cursor in the topic's message log plus a deque of in-flight slots
 that came back (REQ 0, timeout, due deferred message, a consumer that disconnected), which are delivered first.
 Delivery is credit-based like RDY itself: a consumer gets up to ``rdy - in_flight`` messages, handed out in
-rounds of at most ``ROUND`` per consumer so that the consumers of a channel share its messages evenly. One round
+rounds of at most ``ROUND`` per consumer. Consumers take turns: a pass starts with the consumer after the last one
+that got messages, so a pass that delivers nothing (a FIN's, with nothing waiting) moves no turn. One round
 for one consumer is one log read, one in-flight ``start_batch`` and one framing call, never a Python loop per
 message; the usual round does all three in one compiled call (``kernels.deliver_round``). Every state change of
 a slot is reported to the scanner (START with a deadline, REMOVE), which owns the timers and sends EXPIRED back
@@ -75,7 +76,7 @@ class Channel:
         self.timeout_count = 0
         self.deleted = False
         self.blocked = False    # the last delivery pass found the in-flight table full
-        self._rr = 0
+        self._rr = 0            # the consumer whose turn it is to be served first
         self._slots = np.empty(ROUND, np.int64)
         self._status = np.empty(65536, np.int64)
         self._freed = np.empty(65536, np.int64)
@@ -114,18 +115,31 @@ class Channel:
         """Whether a delivery pass may hand out messages now (consumers, nothing paused, not deleted)."""
         return not (self.paused or self.topic.paused or not self.consumers or self.deleted)
 
+    def turn(self):
+        """Index in ``consumers`` of the consumer to serve first (after the last one served)."""
+        return self._rr % len(self.consumers)
+
+    def served(self, s):
+        """s got messages: the next pass starts with the consumer after it."""
+        try:
+            self._rr = self.consumers.index(s) + 1
+        except ValueError:
+            pass
+
     def deliver(self):
-        """One delivery pass over the consumers; True when more could be delivered right away."""
+        """One delivery pass over the consumers, starting with the one whose turn it is; True when more could be
+        delivered right away."""
         if not self.delivering():
             return False
-        n = len(self.consumers)
-        start = self._rr % n
-        self._rr += 1
+        consumers = self.consumers
+        n = len(consumers)
+        start = self.turn()
         self.blocked = False
         for i in range(n):
             if self.blocked:
                 return False
-            s = self.consumers[(start + i) % n]
+            k = (start + i) % n
+            s = consumers[k]
             free = s.rdy - s.in_flight
             if free <= 0 or not s.ready_for_more():
                 continue
@@ -134,8 +148,10 @@ class Channel:
             if careful:
                 budget = 1  # the worker died delivering this channel: one message per round names the culprit
             delivered = self._deliver_to(s, budget)
-            if careful and delivered:
-                self.worker.suspect.careful_done()
+            if delivered:
+                self._rr = k + 1
+                if careful:
+                    self.worker.suspect.careful_done()
             if delivered == 0 and not self.has_messages():
                 return False
         if self.blocked:

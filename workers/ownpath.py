@@ -251,7 +251,7 @@ class OwnPath:
             if ch.has_messages() or w.suspect.careful_rounds(ch.key):
                 return None
             n = len(ch.consumers)
-            start = ch._rr % n
+            start = ch.turn()
             for i in range(n):
                 s = ch.consumers[(start + i) % n]
                 free = s.rdy - s.in_flight
@@ -297,7 +297,7 @@ class OwnPath:
             got = int(ow[b + RW_GOT])
             if got <= 0:
                 continue
-            ch._rr += 1
+            ch.served(s)
             w.send_frames(s, w.round_buffer, int(ow[b + RW_END]), int(ow[b + RW_SENT]))
             ch._started(s, ow[SLOTS_AT + r * MAX_N:SLOTS_AT + r * MAX_N + got], int(ow[b + RW_DEADLINE]))
             # its round took them all: what a delivery pass would mark, without the pass (pending held nothing

@@ -75,6 +75,8 @@ class Channel:
     delivering = workers.channel.Channel.delivering  # the real checks, on the fake's fields
     has_messages = workers.channel.Channel.has_messages
     finished_one = workers.channel.Channel.finished_one
+    turn = workers.channel.Channel.turn
+    served = workers.channel.Channel.served
 
     def __init__(self, topic, name, key):
         self.topic, self.name, self.key, self.worker = topic, name, key, topic.worker
