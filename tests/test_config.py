@@ -43,7 +43,7 @@ NSQD_DEFAULTS = [
     ("tls-required", "false"), ("tls-min-version", "tls1.0"), ("deflate", "true"),
     ("max-deflate-level", "6"), ("snappy", "true"),
     ("workers", str(os.cpu_count())),  # nsqpy only
-    ("compile-only", "false"),  # nsqpy only
+    ("compile-only", "false"), ("leftovers", "false"), ("discard-leftovers", ""),  # nsqpy only
     ("max-disk-bytes-per-topic", str(16 << 30)),  # nsqpy only
     ("crash-on-body", ""), ("crash-on-forwarded-body", ""),  # nsqpy only (fault-injection tests)
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
@@ -112,7 +112,8 @@ def test_nsqpy_only_options_are_marked_and_documented():
                                               "crash-on-forwarded-body", "ring-budget", "external-producers",
                                               "max-in-flight-per-worker", "http-workers", "http-worker-class",
                                               "producer-placement", "producer-move-in-rate", "producer-move-out-rate",
-                                              "producer-busy-percent", "compile-only"]
+                                              "producer-busy-percent", "compile-only", "leftovers",
+                                              "discard-leftovers"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 
 

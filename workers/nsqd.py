@@ -223,6 +223,11 @@ def main(argv=None):
     if opts.compile_only:
         log.info(version_string())
         return compile_only(log)
+    if opts.leftovers or opts.discard_leftovers:
+        from workers import leftovers
+        code, text = leftovers.discard(opts.discard_leftovers) if opts.discard_leftovers else leftovers.report()
+        print(text)
+        return code
     plan = None
     try:
         support = _check(opts, log)

@@ -35,11 +35,10 @@ from ipc.fdpass import channel_pair
 from ipc.heap import TimerHeap, heap_nbytes, heap_reserved_ranges
 from ipc.inflight import InFlightTable, inflight_nbytes, inflight_reserved_ranges
 from ipc.layout import align_up
-from ipc.shm import (PAYLOAD_OFFSET, Segment, find_dead_instances, instance_prefix, list_segments, live_creators,
-                     remove_segments, segment_name, unlink_name)
+from ipc.shm import PAYLOAD_OFFSET, Segment, instance_prefix, list_segments, segment_name, unlink_name
 from ipc.statrows import Board
 from nsqpy.broker import stats as stats_plane
-from workers import control, links, meta
+from workers import control, leftovers, links, meta
 
 INFLIGHT_CAPACITY = 1 << 17   # the default of --max-in-flight-per-worker
 INFLIGHT_INITIAL = 1024       # in-flight slots (and heap entries) reserved per worker at start
@@ -78,33 +77,20 @@ class Plan:
     def remove_stale(self):
         """Segments of dead broker instances of other data paths or node ids (ours was salvaged before this,
         ``workers/salvage.py``): an instance is dead once its supervisor is (``ipc.shm.find_dead_instances``).
-        One that may hold messages (topic logs, deferred entries) is kept for its own next start, which
-        recovers them, and named in one line; the others hold nothing and are removed."""
-        dead = {}
-        for prefix in find_dead_instances():
-            names = list_segments(prefix)  # all of them, also those of its processes still dying
-            if not live_creators(names):
-                dead[prefix] = names
-        if not dead:
-            return
-        keep = {p: n for p, n in dead.items() if any(_holds_messages(name) for name in n)}
-        gone = {p: n for p, n in dead.items() if p not in keep}
-        if keep:
-            nbytes = sum(_blocks(name) for names in keep.values() for name in names)
-            instances = ", ".join(f"{prefix.strip('/-')} ({len(names)})" for prefix, names in keep.items())
-            self.log.warn(f"kept {sum(map(len, keep.values()))} shared-memory segments ({nbytes / (1 << 20):.1f} "
-                          f"MiB) of dead instances that may hold messages: {instances}; the next start of nsqd "
-                          f"on their data path recovers them (remove /dev/shm/<name>* to discard them)")
-        if not gone:
-            return
-        count, nbytes = remove_segments(name for names in gone.values() for name in names)
-        instances = ", ".join(f"{prefix.strip('/-')} ({len(names)})" for prefix, names in gone.items())
-        self.log.warn(f"removed {count} shared-memory segments ({nbytes / (1 << 20):.1f} MiB) of dead instances "
-                      f"{instances}")
+        One that may hold messages is kept for its own next start, which recovers them; the others hold nothing
+        and are removed. One line says so (``nsqd --leftovers`` lists them, ``workers/leftovers.py``)."""
+        found = [x for x in leftovers.find() if x.prefix != self.prefix]
+        gone = [x for x in found if not x.messages]
+        for x in gone:
+            leftovers.remove(x)
+        line = leftovers.summary([x for x in found if x.messages], gone)
+        if line:
+            self.log.warn(line)
 
     def create(self, keep_journals=False):
         """``keep_journals``: open the workers' journals as they are (salvage after a reboot) instead of new."""
         self.remove_stale()
+        leftovers.record(self.prefix, self.data_path, self.node_id)  # for `nsqd --leftovers`, should this die
         self.control = control.Control.create(self._create("control", control.nbytes(self.workers)), self.workers)
         self._log_rings()
         seg = self._create("links", links.nbytes(self.workers, self.producers, self.pub_capacity), reserve=0)
@@ -167,18 +153,7 @@ class Plan:
         # what a child that had to be killed at shutdown could not remove itself (its topic logs)
         for name in list_segments(self.prefix):
             unlink_name(name)
-
-
-def _holds_messages(name):
-    kind = name.rsplit("-", 2)[-2]
-    return kind in ("topic", "log") or kind.startswith("defer")
-
-
-def _blocks(name):
-    try:
-        return os.stat("/dev/shm/" + name.lstrip("/")).st_blocks * 512
-    except OSError:
-        return 0
+        leftovers.forget(self.prefix)
 
 
 def _heap_stride(capacity):

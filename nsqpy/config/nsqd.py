@@ -256,6 +256,13 @@ class NsqdOptions(DaemonOptions):
                                 "(or find them there) and exit without starting; run it after an install or upgrade, "
                                 "before the service restarts, so that the restart loads them instead of compiling "
                                 "them", from_file=False, reported=False, nsqpy_only=True)
+    leftovers: bool = option(Bool(), False, "nsqpy only: list the shared memory that dead nsqd instances left in "
+                             "/dev/shm (each instance's name, size and the --data-path and --node-id whose next "
+                             "start recovers its messages) and exit", from_file=False, reported=False,
+                             nsqpy_only=True)
+    discard_leftovers: str = option(Str(), "", "nsqpy only: remove the shared memory a dead nsqd instance left "
+                                    "(its name as --leftovers lists it) and exit; the messages it held are lost",
+                                    from_file=False, reported=False, nsqpy_only=True)
 
     def settle(self) -> None:
         # nsqd: any client-certificate policy turns TLS on for clients.
