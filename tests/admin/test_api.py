@@ -425,3 +425,23 @@ def test_graphite_rate_and_proxy(cluster, admin_factory):
     assert a.call("GET", "/api/graphite?metric=rate&target=x") == (500, {"message": "INTERNAL_ERROR"})
     no_proxy = admin_factory(f"--lookupd-http-address={cluster.lookupd.http}")
     assert no_proxy.call("GET", "/render?target=y") == (404, {"message": "NOT_FOUND"})
+
+
+def test_health_finds_a_channel_whose_depth_keeps_growing(cluster, admin):
+    """Beyond Go: a channel with no consumer whose depth rose in each of the last samples is named in the health
+    strip. One message is published after each new sample, so the depth grows sample by sample."""
+    n1 = cluster.nodes[0]
+    topic = unique("grow")
+    producer(n1.address, topic, b"0")
+    consumer(n1.address, topic, "lag").close()
+    seen = []
+
+    def growing():
+        h = admin.get("/api/health")
+        if not seen or h["sampled_at"] != seen[-1]:
+            seen.append(h["sampled_at"])
+            producer(n1.address, topic, b"more")
+        return [g for g in h["growing"] if (g["topic"], g["channel"]) == (topic, "lag")]
+    [g] = eventually(growing, what="the growing channel in the health findings")
+    assert g["node"] == cluster.http_names[0] and g["depth"] >= 3
+    assert all(h["ok"] for h in admin.get("/api/health")["nodes"])
