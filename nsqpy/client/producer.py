@@ -194,7 +194,8 @@ class AsyncProducer:
                 first_failure = first_failure or now
                 if now - first_failure > self.connect_timeout:
                     raise
-                log.warning("producer: %s; publishing again", err)
+                if conn.fatal_error is None:   # else the publish behind it raises the error: no news here
+                    log.warning("producer: %s; publishing again", err)
 
     async def publish(self, topic: str, body: bytes) -> None:
         check_name("topic", topic)

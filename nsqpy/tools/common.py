@@ -1,5 +1,7 @@
-"""What the utilities share: NSQ's flag spellings, `--consumer-opt`/`--producer-opt`, the nsqd-or-lookupd rule,
-running several consumers until SIGINT/SIGTERM, and the periodic status line.
+"""What the utilities share: NSQ's flag spellings, `--version`, `--consumer-opt`/`--producer-opt`, the
+nsqd-or-lookupd rule, running several consumers until SIGINT/SIGTERM, the periodic status line, and the error
+boundary: a tool raises `ToolError` (what is wrong and what to do) and `@entry_point` prints it as one line on
+stderr and exits 1, as NSQ's tools do with `log.Fatal`.
 
 NSQ's tools are Go programs, so their users type `-topic=x` as often as `--topic=x`; `normalize_argv` turns a
 single-dash long flag into the double-dash form argparse knows (single letters such as `-n` stay as they are).
@@ -9,19 +11,49 @@ from __future__ import annotations
 
 import argparse
 import dataclasses
+import functools
 import logging
 import signal
 import sys
 import threading
 import time
 
-from nsqpy.client import Config, Consumer
+from nsqpy.client import Config, Consumer, InvalidName
+from nsqpy.client.config import VERSION
 from nsqpy.config.duration import SECOND, parse_duration
 
 __all__ = ["normalize_argv", "duration", "add_consumer_flags", "consumer_options", "producer_options",
-           "run_consumers", "Status", "fail"]
+           "run_consumers", "Status", "fail", "ToolError", "entry_point", "parser"]
 
 log = logging.getLogger("nsqpy.tools")
+
+
+class ToolError(Exception):
+    """A condition that ends the tool: the text says what is wrong and what to do, in one line."""
+
+
+def entry_point(prog: str):
+    """Wrap a tool's main(argv) -> int: a ToolError (or a bad topic/channel name) becomes `prog: text` on
+    stderr and exit status 1, instead of a traceback."""
+    def wrap(main):
+        @functools.wraps(main)
+        def run(argv=None) -> int:
+            try:
+                return main(argv)
+            except (ToolError, InvalidName) as err:
+                print(f"{prog}: {err}", file=sys.stderr, flush=True)
+                return 1
+        return run
+    return wrap
+
+
+def parser(prog: str, description: str) -> argparse.ArgumentParser:
+    """An ArgumentParser with NSQ's `--version` (`<prog> v<version> (nsqpy)`, exit 0)."""
+    p = argparse.ArgumentParser(prog=prog, description=description)
+    p.add_argument("--version", action="version", version=f"{prog} v{VERSION} (nsqpy)",
+                   help="print the version and exit")
+    return p
+
 
 
 def normalize_argv(argv):
@@ -97,8 +129,9 @@ def producer_options(p, args) -> dict:
     return _options(p, getattr(args, "producer_opt", []), {})
 
 
-def run_consumers(consumers: list[Consumer], stop: threading.Event) -> None:
-    """Start them, wait for `stop` (set by SIGINT/SIGTERM or by the tool), then stop them gracefully."""
+def run_consumers(consumers: list[Consumer], stop: threading.Event, before_stop=None) -> None:
+    """Start them, wait for `stop` (set by SIGINT/SIGTERM or by the tool), then stop them gracefully.
+    `before_stop()` runs first (e.g. closing producers, so that handlers waiting on them return at once)."""
     previous = {sig: signal.signal(sig, lambda *_: stop.set()) for sig in (signal.SIGINT, signal.SIGTERM)}
     try:
         for c in consumers:
@@ -108,6 +141,8 @@ def run_consumers(consumers: list[Consumer], stop: threading.Event) -> None:
     finally:
         for sig, handler in previous.items():
             signal.signal(sig, handler)
+        if before_stop is not None:
+            before_stop()
         for c in consumers:
             c.stop()
 

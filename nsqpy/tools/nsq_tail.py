@@ -2,18 +2,18 @@
 
 from __future__ import annotations
 
-import argparse
 import random
 import sys
 import threading
 
 from nsqpy.client import Consumer
-from nsqpy.tools.common import (add_consumer_flags, check_sources, consumer_options, normalize_argv,
-                                run_consumers, setup_logging)
+from nsqpy.tools.common import (add_consumer_flags, check_sources, consumer_options, entry_point, normalize_argv,
+                                parser, run_consumers, setup_logging)
 
 
+@entry_point("nsq_tail")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nsq_tail", description=__doc__)
+    p = parser("nsq_tail", __doc__)
     add_consumer_flags(p, channel_default=None)
     p.add_argument("-n", "--total-messages", type=int, default=0, help="total messages to show (will wait if "
                    "starved)")

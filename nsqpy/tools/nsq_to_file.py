@@ -16,8 +16,8 @@ import threading
 
 from nsqpy.client import Consumer
 from nsqpy.client.lookupd import http_get_json
-from nsqpy.tools.common import (add_consumer_flags, consumer_options, duration, fail, normalize_argv,
-                                setup_logging)
+from nsqpy.tools.common import (add_consumer_flags, consumer_options, duration, entry_point, fail, normalize_argv,
+                                parser, setup_logging)
 from nsqpy.tools.file_logger import FileLogger
 
 
@@ -75,8 +75,9 @@ def topics_matching(lookupds, pattern, timeout: float) -> set[str]:
     return found
 
 
+@entry_point("nsq_to_file")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nsq_to_file", description=__doc__)
+    p = parser("nsq_to_file", __doc__)
     add_consumer_flags(p, channel_default="nsq_to_file")
     p.add_argument("--topic-pattern", default="", help="only log topics matching this regex (needs lookupd)")
     p.add_argument("--topic-refresh", type=duration, default=60.0, help="how often the topic list is refreshed")

@@ -1,6 +1,6 @@
 """nsq_to_http: consume a topic and make one HTTP request per message: GET (`%s` in the URL replaced by the
 URL-escaped body) or POST (the body as the request body). A POST answered 2xx or a GET answered 200 FINs the
-message; anything else raises in the handler, so the message is requeued (with backoff).
+message; anything else is logged as one line and the message is requeued (with backoff).
 
 Modes pick the destination among several URLs: round-robin cycles through them; hostpool (and epsilon-greedy,
 which nsqpy treats as hostpool) sticks to one URL and moves to the next after a failure.
@@ -8,8 +8,8 @@ which nsqpy treats as hostpool) sticks to one URL and moves to the next after a 
 
 from __future__ import annotations
 
-import argparse
 import itertools
+import logging
 import random
 import sys
 import threading
@@ -18,8 +18,15 @@ import urllib.parse
 import urllib.request
 
 from nsqpy.client import Consumer
-from nsqpy.tools.common import (Status, add_consumer_flags, check_sources, consumer_options, duration, fail,
-                                normalize_argv, run_consumers, setup_logging)
+from nsqpy.client.errors import describe
+from nsqpy.tools.common import (Status, add_consumer_flags, check_sources, consumer_options, duration, entry_point,
+                                fail, normalize_argv, parser, run_consumers, setup_logging)
+
+log = logging.getLogger("nsqpy.tools")
+
+
+class RequestFailed(Exception):
+    """The request did not succeed; the text is one line for the log."""
 
 
 class Publisher:
@@ -59,17 +66,18 @@ class Publisher:
                 response.read()
         except urllib.error.HTTPError as err:
             status = err.code
-        except OSError:
+        except (OSError, ValueError) as err:   # unreachable, timed out, or a malformed URL
             self._failed(index)
-            raise
+            raise RequestFailed(f"{self.method} {url}: {describe(err)}") from None
         ok = status == 200 if self.method == "GET" else 200 <= status < 300
         if not ok:
             self._failed(index)
-            raise RuntimeError(f"{self.method} {url}: HTTP {status}")
+            raise RequestFailed(f"{self.method} {url}: HTTP {status}")
 
 
+@entry_point("nsq_to_http")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nsq_to_http", description=__doc__)
+    p = parser("nsq_to_http", __doc__)
     add_consumer_flags(p, channel_default="nsq_to_http")
     p.add_argument("--get", action="append", default=[], help="HTTP address to make a GET request to; '%%s' "
                    "is replaced by the URL-escaped message (may be given multiple times)")
@@ -98,7 +106,11 @@ def main(argv=None) -> int:
     def handle(message):
         if args.sample < 1.0 and random.random() > args.sample:
             return   # not sampled: FIN without sending, as NSQ's
-        publisher.send(message.body)
+        try:
+            publisher.send(message.body)
+        except RequestFailed as err:
+            log.warning("%s; message %s requeued (attempt %d)", err, message.id.decode(), message.attempts)
+            return False
         status.tick()
 
     consumer = Consumer(args.topic[0], args.channel, handle, nsqd_tcp_addresses=args.nsqd_tcp_address,

@@ -1,22 +1,28 @@
 """nsq_to_nsq: relay topics from one set of nsqds to another, optionally filtering JSON messages.
 
-A message is FINed only after the destination acknowledged the PUB (a failed PUB raises, so the message is
-requeued). With --require-json-field, a message that is not a JSON object holding that field (equal to
+A message is FINed only after the destination acknowledged the PUB; a failed PUB is logged as one line and
+the message is requeued. A destination that cannot be reached at the start ends the tool at once (one line, exit
+status 1); on SIGINT/SIGTERM the producers stop first, so handlers waiting on a dead destination requeue their
+messages at once instead of holding the stop up. With --require-json-field, a message that is not a JSON object holding that field (equal to
 --require-json-value when given) is FINed without being relayed; --whitelist-json-field keeps only the listed
 fields.
 """
 
 from __future__ import annotations
 
-import argparse
 import itertools
 import json
+import logging
 import sys
 import threading
 
-from nsqpy.client import Consumer, Producer
-from nsqpy.tools.common import (Status, add_consumer_flags, check_sources, consumer_options, fail, normalize_argv,
-                                producer_options, run_consumers, setup_logging)
+from nsqpy.client import ClientError, Consumer, Producer, ProtocolError
+from nsqpy.client.errors import check_name
+from nsqpy.tools.common import (Status, ToolError, add_consumer_flags, check_sources, consumer_options,
+                                entry_point, fail, normalize_argv, parser, producer_options, run_consumers,
+                                setup_logging)
+
+log = logging.getLogger("nsqpy.tools")
 
 
 def filtered(body: bytes, args) -> bytes | None:
@@ -40,8 +46,9 @@ def filtered(body: bytes, args) -> bytes | None:
     return body
 
 
+@entry_point("nsq_to_nsq")
 def main(argv=None) -> int:
-    p = argparse.ArgumentParser(prog="nsq_to_nsq", description=__doc__)
+    p = parser("nsq_to_nsq", __doc__)
     add_consumer_flags(p, channel_default="nsq_to_nsq")
     p.add_argument("--destination-nsqd-tcp-address", action="append", default=[],
                    help="destination nsqd TCP address (may be given multiple times)")
@@ -59,11 +66,19 @@ def main(argv=None) -> int:
         fail(p, "--destination-nsqd-tcp-address is required")
     if args.require_json_value and not args.require_json_field:
         fail(p, "--require-json-value needs --require-json-field")
+    if args.destination_topic:
+        check_name("topic", args.destination_topic)
     options = producer_options(p, args)
     if args.mode == "round-robin":    # one producer per destination, used in turn
         producers = [Producer([a], **options) for a in args.destination_nsqd_tcp_address]
     else:                             # one producer failing over along the list (hostpool)
         producers = [Producer(args.destination_nsqd_tcp_address, **options)]
+    try:
+        for producer in producers:
+            producer.connect(timeout=0)   # one try of each address: say at once that none is there
+    except ClientError as err:
+        close_all(producers)
+        raise ToolError(f"destination: {err}; start nsqd there or fix --destination-nsqd-tcp-address") from None
     turn = itertools.cycle(producers)
     lock = threading.Lock()
     status = Status("nsq_to_nsq", args.status_every)
@@ -77,7 +92,12 @@ def main(argv=None) -> int:
                 return
             with lock:
                 producer = next(turn)
-            producer.publish(destination, body)
+            try:
+                producer.publish(destination, body)
+            except (ClientError, ProtocolError, TimeoutError) as err:
+                log.warning("publish to %s failed: %s; message %s requeued (attempt %d)", destination, err,
+                            message.id.decode(), message.attempts)
+                return False
             status.tick()
         return handle
 
@@ -85,12 +105,16 @@ def main(argv=None) -> int:
                           lookupd_http_addresses=args.lookupd_http_address, concurrency=4,
                           **consumer_options(p, args)) for t in args.topic]
     try:
-        run_consumers(consumers, threading.Event())
+        run_consumers(consumers, threading.Event(), before_stop=lambda: [p.stop() for p in producers])
     finally:
-        for producer in producers:
-            producer.close()
+        close_all(producers)
     print(f"[nsq_to_nsq] relayed {status.total} messages", file=sys.stderr)
     return 0
+
+
+def close_all(producers) -> None:
+    for producer in producers:
+        producer.close()
 
 
 if __name__ == "__main__":
