@@ -1,7 +1,9 @@
-"""nsq_to_http, nsq_to_nsq and nsq_stat end to end."""
+"""nsq_to_http, nsq_to_nsq and nsq_stat end to end (nsq_stat also through a real nsqlookupd, with nsqds that stop
+answering or leave)."""
 
 import http.server
 import json
+import os
 import re
 import signal
 import subprocess
@@ -10,6 +12,7 @@ import threading
 
 from nsqpy.client import Consumer, Producer
 from tests.client.helpers import JsonServer, addr, unique, wait_until
+from tests.client.test_client_lookupd import _start_nsqlookupd
 from tests.tools.test_tools_pipeline import Tool
 
 
@@ -151,3 +154,54 @@ def test_nsq_stat_against_nsqds_http_api(nsqd_factory):
         c.set_max_in_flight(10)
         wait_until(lambda: c.stats["finished"] == 7, what="the channel drained")
         c.stop()
+
+
+class StatTool(Tool):
+    """nsq_stat as a subprocess whose stdout rows are collected too."""
+
+    def __init__(self, *args):
+        super().__init__("nsq_stat", *args)
+        self.rows = []
+        threading.Thread(target=lambda: [self.rows.append(line.decode()) for line in self.proc.stdout],
+                         daemon=True).start()
+
+    def row_where(self, predicate, what):
+        start = len(self.rows)
+        wait_until(lambda: any(predicate(r) for r in self.rows[start:]), what=what, timeout=120)
+        return next(r for r in self.rows[start:] if predicate(r))
+
+
+def test_nsq_stat_through_lookupd_says_which_nsqds_are_left_out(nsqd_factory):
+    proc, tcp, lookupd_http = _start_nsqlookupd()
+    topic = unique("statnodes")
+    stat = None
+    try:
+        nodes = [nsqd_factory(f"--lookupd-tcp-address={tcp}", "--broadcast-address=127.0.0.1",
+                              "--http-address=127.0.0.1:0", workers=1, node_id=i + 1) for i in range(2)]
+        for n, count in zip(nodes, (3, 4)):
+            Consumer(topic, "c", lambda m: None, nsqd_tcp_addresses=[addr(n)], max_in_flight=0).start().stop()
+            with Producer([addr(n)]) as p:
+                p.mpub(topic, [b"x"] * count)
+        stopped = "127.0.0.1:%d" % nodes[1].http_address[1]
+        stat = StatTool(f"--topic={topic}", "--channel=c", f"--lookupd-http-address={lookupd_http}",
+                        "--interval=0.5s", "--http-client-connect-timeout=1s", "--http-client-request-timeout=1s")
+        stat.row_where(lambda r: r.split()[3:4] == ["7"], "a row with both nsqds (depth 3 + 4)")
+        os.killpg(nodes[1].proc.pid, signal.SIGSTOP)     # still listed by lookupd, no longer answering
+        try:
+            row = stat.row_where(lambda r: "missing" in r, "a row with the stopped nsqd missing")
+            assert row.split()[3] == "3" and row.rstrip().endswith("(1 of 2 nsqd missing)"), row
+            stat.wait_for_line(f"nsq_stat: nsqd {stopped} did not answer (timed out); its figures are left out")
+        finally:
+            os.killpg(nodes[1].proc.pid, signal.SIGCONT)
+        stat.row_where(lambda r: r.split()[3:4] == ["7"] and "missing" not in r, "both nsqds again")
+        assert nodes[1].stop() == 0                       # lookupd drops it: it must not vanish silently
+        row = stat.row_where(lambda r: "missing" in r and r.split()[3] == "3", "a row with the gone nsqd missing")
+        assert row.rstrip().endswith("(1 of 2 nsqd missing)"), row
+        stat.wait_for_line(f"nsq_stat: nsqd {stopped} is no longer listed by lookupd for topic {topic}")
+        stat.proc.send_signal(signal.SIGTERM)
+        stat.finish()
+    finally:
+        if stat is not None and stat.proc.poll() is None:
+            stat.proc.kill()
+        proc.terminate()
+        proc.wait(30)
