@@ -1,14 +1,20 @@
-"""nsq_tail: consume topics and print each message to stdout (an ephemeral channel by default)."""
+"""nsq_tail: consume topics and print each message to stdout (an ephemeral channel by default).
+
+When stdout goes away (`nsq_tail ... | head -3`), the message that could not be written is requeued and the tool
+stops with one line and exit status 1, as NSQ's does.
+"""
 
 from __future__ import annotations
 
+import os
 import random
 import sys
 import threading
 
 from nsqpy.client import Consumer
-from nsqpy.tools.common import (add_consumer_flags, check_sources, consumer_options, entry_point, normalize_argv,
-                                parser, run_consumers, setup_logging)
+from nsqpy.client.errors import describe
+from nsqpy.tools.common import (ToolError, add_consumer_flags, check_sources, consumer_options, entry_point,
+                                normalize_argv, parser, run_consumers, setup_logging)
 
 
 @entry_point("nsq_tail")
@@ -29,18 +35,23 @@ def main(argv=None) -> int:
     lock = threading.Lock()
     stop = threading.Event()
     shown = 0
+    broken: list[OSError] = []
 
     def handler_for(topic: str):
         def handle(message):
             nonlocal shown
             with lock:
-                if args.total_messages and shown >= args.total_messages:
-                    message.req(0, backoff=False)   # over the count: leave it for someone else
+                if broken or (args.total_messages and shown >= args.total_messages):
+                    message.req(0, backoff=False)   # over the count, or nowhere to print: leave it
                     return
-                if args.print_topic:
-                    out.write(topic.encode() + b" | ")
-                out.write(message.body + b"\n")
-                out.flush()
+                try:
+                    out.write((topic.encode() + b" | " if args.print_topic else b"") + message.body + b"\n")
+                    out.flush()
+                except OSError as err:
+                    broken.append(err)
+                    message.req(0, backoff=False)
+                    stop.set()
+                    return
                 shown += 1
                 if args.total_messages and shown >= args.total_messages:
                     stop.set()
@@ -49,6 +60,10 @@ def main(argv=None) -> int:
     consumers = [Consumer(t, channel, handler_for(t), nsqd_tcp_addresses=args.nsqd_tcp_address,
                           lookupd_http_addresses=args.lookupd_http_address, **options) for t in args.topic]
     run_consumers(consumers, stop)
+    if broken:
+        # the interpreter's own flush of stdout at exit would fail too, with a traceback: point it elsewhere
+        os.dup2(os.open(os.devnull, os.O_WRONLY), sys.stdout.fileno())
+        raise ToolError(f"cannot write to stdout ({describe(broken[0])}); the message is requeued")
     return 0
 
 

@@ -154,3 +154,29 @@ def test_nsq_to_nsq_stops_promptly_on_sigterm_while_its_destination_is_down(nsqd
     wait_until(lambda: _channel(source, topic, "nsq_to_nsq").get("depth", 0)
                + _channel(source, topic, "nsq_to_nsq").get("deferred_count", 0) == 1,
                what="the message requeued on the source")
+
+
+def test_nsq_tail_whose_stdout_goes_away_requeues_and_says_so(shared_nsqd):
+    topic = unique("tailpipe")
+    tail = Tool("nsq_tail", f"--topic={topic}", "--channel=tail", f"--nsqd-tcp-address={addr(shared_nsqd)}")
+    try:
+        tail.wait_for_line("connected to")
+        with Producer([addr(shared_nsqd)]) as p:
+            p.publish(topic, b"one")
+            assert tail.proc.stdout.readline() == b"one\n"
+            tail.proc.stdout.close()               # `nsq_tail | head -1`: the reader is gone
+            p.publish(topic, b"two")
+        assert tail.proc.wait(120) == 1
+        tail._reader.join(30)
+    finally:
+        if tail.proc.poll() is None:
+            tail.proc.kill()
+    text = "".join(tail.lines)
+    assert "Traceback" not in text and "Exception ignored" not in text, text
+    assert tail.lines[-1] == "nsq_tail: cannot write to stdout (broken pipe); the message is requeued\n", text
+    got = []
+    c = Consumer(topic, "tail", lambda m: got.append(m.body), nsqd_tcp_addresses=[addr(shared_nsqd)]).start()
+    try:
+        wait_until(lambda: got == [b"two"], what="the message nsq_tail could not print")
+    finally:
+        c.stop()
