@@ -21,20 +21,22 @@ import json
 import socket
 import threading
 import time
+from urllib.parse import urlencode
 
 from nsqpy.protocol.names import is_valid_name
 
-from .cluster import AllFailed, ClusterInfo, http_address
+from .aggregate import TopicTotal
+from .bodies import BodyError, decode_object, json_error, string_field
+from .cluster import ClusterInfo, http_address
 from .health import SAMPLE_EVERY, HealthTracker
 from .notify import Notifier, RequestFacts, admin_action
-from .upstream import Upstream, UpstreamError
+from .upstream import Upstream, UpstreamError, tls_context
 
 __all__ = ["AdminService", "AdminError", "warn_message"]
 
 _ACTIONS = ("pause", "unpause", "empty")
 _LEVELS = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}
 MAX_CONFIG_BODY = 1024 * 1024
-_LITERALS = {"t": "true", "f": "false", "n": "null"}
 
 
 class AdminError(Exception):
@@ -48,44 +50,11 @@ def warn_message(messages: list[str]) -> str:
     return "WARNING: " + "; ".join(messages) if messages else ""
 
 
-def _json_error(body: bytes) -> str:
-    """Go's encoding/json text for a body that is not one JSON value (close to it: the common cases)."""
-    text = body.decode("utf-8", "replace").strip()
-    if not text:
-        return "EOF"
+def _field(doc: dict, key: str) -> str:
     try:
-        json.loads(text)
-    except json.JSONDecodeError as e:
-        if e.pos >= len(text):
-            return "unexpected EOF"
-        literal = _LITERALS.get(text[e.pos])
-        if literal is not None:  # Go reads a literal letter by letter
-            for i, want in enumerate(literal):
-                got = text[e.pos + i:e.pos + i + 1]
-                if not got:
-                    return "unexpected EOF"
-                if got != want:
-                    return f"invalid character {got!r} in literal {literal} (expecting {want!r})"
-        return f"invalid character {text[e.pos]!r} looking for beginning of value"
-    return "json: cannot unmarshal into Go value"
-
-
-def _decode_object(body: bytes) -> dict | None:
-    try:
-        doc = json.loads(body.decode("utf-8", "replace"))
-    except ValueError:
-        return None
-    return doc if isinstance(doc, dict) else None
-
-
-def _string_field(doc: dict, key: str, what: str) -> str:
-    value = doc.get(key, "")
-    if value is None:
-        return ""
-    if not isinstance(value, str):
-        raise AdminError(400, f"json: cannot unmarshal {type(value).__name__} into Go struct field .{key} "
-                              f"of type string")
-    return value
+        return string_field(doc, key)
+    except BodyError as e:
+        raise AdminError(400, str(e)) from None
 
 
 class AdminService:
@@ -95,7 +64,6 @@ class AdminService:
         self.clock = clock
         tls = None
         if opts.http_client_tls_root_ca_file or opts.http_client_tls_cert or opts.http_client_tls_insecure_skip_verify:
-            from .upstream import tls_context
             tls = tls_context(opts.http_client_tls_insecure_skip_verify, opts.http_client_tls_root_ca_file,
                               opts.http_client_tls_cert, opts.http_client_tls_key)
         self.upstream = upstream or Upstream(opts.http_client_connect_timeout / 1e9,
@@ -197,7 +165,6 @@ class AdminService:
         producers = self._topic_producers(topic, messages)
         rows = self._warned(messages, "get topic metadata",
                             lambda: self._stats(producers, topic, "", False))
-        from .aggregate import TopicTotal
         total = TopicTotal(topic)
         for row in rows:
             total.add(row)
@@ -261,7 +228,6 @@ class AdminService:
         messages: list[str] = []
         producers = self._all_producers(messages)
         rows, _ = self._warned(messages, "get nsqd stats", lambda: self._channel_totals(producers))
-        from .aggregate import TopicTotal
         totals: dict[str, TopicTotal] = {}
         for row in rows:
             totals.setdefault(row["topic_name"], TopicTotal(row["topic_name"])).add(row)
@@ -299,10 +265,10 @@ class AdminService:
 
     def create(self, body: bytes, req: RequestFacts) -> dict:
         self._require_admin(req)
-        doc = _decode_object(body)
+        doc = decode_object(body)
         if doc is None:
-            raise AdminError(400, _json_error(body))
-        topic, channel = _string_field(doc, "topic", "topic"), _string_field(doc, "channel", "channel")
+            raise AdminError(400, json_error(body))
+        topic, channel = _field(doc, "topic"), _field(doc, "channel")
         if not is_valid_name(topic):
             raise AdminError(400, "INVALID_TOPIC")
         if channel and not is_valid_name(channel):
@@ -317,10 +283,10 @@ class AdminService:
 
     def action(self, topic: str, channel: str, body: bytes, req: RequestFacts) -> dict:
         self._require_admin(req)
-        doc = _decode_object(body)
+        doc = decode_object(body)
         if doc is None:
-            raise AdminError(400, _json_error(body))
-        what = _string_field(doc, "action", "action")
+            raise AdminError(400, json_error(body))
+        what = _field(doc, "action")
         if what not in _ACTIONS:
             raise AdminError(400, "INVALID_ACTION")
         messages: list[str] = []
@@ -344,11 +310,11 @@ class AdminService:
 
     def tombstone(self, node: str, body: bytes, req: RequestFacts) -> dict:
         self._require_admin(req)
-        doc = _decode_object(body)
+        doc = decode_object(body)
         if doc is None:
             raise AdminError(400, "INVALID_BODY")
         try:
-            topic = _string_field(doc, "topic", "topic")
+            topic = _field(doc, "topic")
         except AdminError:
             raise AdminError(400, "INVALID_BODY") from None
         if not is_valid_name(topic):
@@ -406,7 +372,6 @@ class AdminService:
             raise AdminError(400, "INVALID_ARG_METRIC")
         if target is None:
             raise AdminError(400, "INVALID_ARG_TARGET")
-        from urllib.parse import urlencode
         interval = max(1, self.opts.statsd_interval // 1_000_000_000)
         query = urlencode({"from": f"-{interval * 2}sec", "until": f"-{interval}sec", "format": "json",
                            "target": target})

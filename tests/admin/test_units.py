@@ -161,7 +161,7 @@ def test_service_message_and_errors():
     svc.create(b'{"topic":"t"}', RequestFacts(acl_user="root"))
     assert up.posts == ["http://l/topic/create?topic=t"]
     for body, text in ((b"", "EOF"), (b"[1]", "json: cannot unmarshal into Go value"), (b"tru", "unexpected EOF"),
-                       (b'{"topic": 5}', "json: cannot unmarshal int into Go struct field .topic of type string")):
+                       (b'{"topic": 5}', "json: cannot unmarshal number into Go struct field .topic of type string")):
         with pytest.raises(AdminError) as err:
             svc.create(body, RequestFacts(acl_user="root"))
         assert (err.value.status, err.value.text) == (400, text), body
