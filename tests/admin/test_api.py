@@ -206,6 +206,17 @@ def test_create_in_lookupd_and_inactive_listing(cluster, admin, receiver):
     assert actions == ["create_topic", "create_channel"]
 
 
+def test_create_channel_of_a_produced_topic_reaches_its_producers(cluster, admin):
+    n1, n2 = cluster.nodes
+    topic = unique("newch")
+    producer(n1.address, topic, b"1")
+    producer(n2.address, topic, b"2")
+    on_lookupd(cluster, topic, 2)
+    assert admin.call("POST", "/api/topics", {"topic": topic, "channel": "added"}) == (200, {"message": ""})
+    assert all(node_channel(n, topic, "added") is not None for n in cluster.nodes)
+    assert "added" in cluster.lookupd.get_json(f"/channels?topic={q(topic)}")["channels"]
+
+
 def test_pause_empty_and_delete_reach_every_producer(cluster, admin, both, receiver):
     n1, n2 = cluster.nodes
     topic = unique("act")
@@ -362,6 +373,7 @@ def test_a_stopped_node_is_named_not_silently_dropped(cluster, admin_factory):
     direct = admin_factory(*(f"--nsqd-http-address={http_name(n)}" for n in (cluster.nodes[0], extra)))
     for a in (by_lookupd, direct):
         assert a.get(f"/api/topics/{q(topic)}")["message_count"] == 2
+        assert topic in a.get("/api/topics")["topics"]
         assert len(a.get("/api/health")["nodes"]) >= 2
     gone = http_name(extra)
     assert extra.stop() == 0
