@@ -256,6 +256,7 @@ class AdminService:
                     producers.append({"broadcast_address": address.rpartition(":")[0],
                                       "http_port": address.rpartition(":")[2], "hostname": address})
                     answers[address] = next((m for m in messages if address in m), "no answer")
+            messages = []  # each failure is now a "down" node: said once
         pairs = [(http_address(p), p["hostname"]) for p in producers]
         with self._lock:
             found = self.health_tracker.observe(now, pairs, answers)

@@ -357,8 +357,9 @@ def test_unreachable_lookupd_and_nodes(cluster, admin_factory):
     doc = direct.get("/api/nodes")
     assert [f"{p['broadcast_address']}:{p['http_port']}" for p in doc["nodes"]] == [cluster.http_names[0]]
     assert doc["message"].startswith("WARNING: ") and f"dial tcp {dead}" in doc["message"]
-    down = {d["node"] for d in direct.get("/api/health")["down"]}
-    assert down == {dead}
+    health = direct.get("/api/health")
+    assert {d["node"] for d in health["down"]} == {dead} and health["message"] == ""  # said once, as "down"
+    assert "connection refused" in health["down"][0]["error"]
 
 
 def test_a_stopped_node_is_named_not_silently_dropped(cluster, admin_factory):
