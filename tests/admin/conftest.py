@@ -39,9 +39,9 @@ def cluster(lookupd_module, module_nsqd_factory):  # noqa: F811
     """A lookupd and two nsqd registered with it: .lookupd, .nodes, .start_node() for one more."""
     lk = lookupd_module
 
-    def start_node(node_id):
-        n = module_nsqd_factory("--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={lk.tcp}",
-                                workers=1, node_id=node_id)
+    def start_node(node_id, *flags, data=None):
+        n = module_nsqd_factory("--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={lk.tcp}", *flags,
+                                workers=1, node_id=node_id, data=data)
         n.http_address  # noqa: B018  (waits for the HTTP listening line)
         return n
     nodes = [start_node(11), start_node(12)]

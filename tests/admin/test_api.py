@@ -458,3 +458,19 @@ def test_health_finds_a_channel_whose_depth_keeps_growing(cluster, admin):
     [g] = eventually(growing, what="the growing channel in the health findings")
     assert g["node"] == cluster.http_names[0] and g["depth"] >= 3
     assert all(h["ok"] for h in admin.get("/api/health")["nodes"])
+
+
+def test_a_restarted_node_is_flagged(cluster, admin):
+    """Beyond Go: a node whose start time changed between two samples (it restarted: its counters began again) is
+    named in the health findings. The restarted node keeps its HTTP port, so it is the same node to nsqadmin."""
+    first = cluster.start_node(14)
+    name = http_name(first)
+    producer(first.address, unique("restart"), b"m")
+    eventually(lambda: any(n["node"] == name and n["ok"] for n in admin.get("/api/health")["nodes"]),
+               what="the node sampled once")
+    assert first.stop() == 0
+    again = cluster.start_node(14, f"--http-address={name}", data=first.data_path)
+    assert http_name(again) == name
+    health = eventually(lambda: (lambda h: h if name in {r["node"] for r in h["restarted"]} else None)(
+        admin.get("/api/health")), what="the restart in the health findings")
+    assert "start_time" in [r for r in health["restarted"] if r["node"] == name][0]["why"]
