@@ -12,7 +12,6 @@ Processes, as nsqlookupd's HTTP (under ``workers.supervisor``: restart with back
 from __future__ import annotations
 
 import os
-import signal
 import socket
 import sys
 from urllib.parse import urlsplit
@@ -22,7 +21,8 @@ from nsqpy.config.support import check_support
 from nsqpy.log import Logger
 from nsqpy.lookupd.main import _bind, _shown
 from nsqpy.lookupd.queries import NSQ_VERSION
-from nsqpy.process import die_with_parent
+from nsqpy.preflight import listen_error
+from nsqpy.sdnotify import Notifier
 
 __all__ = ["main", "version_string"]
 
@@ -60,12 +60,11 @@ def start_errors(opts) -> list[str]:
     return errors
 
 
+# The child dies with the supervisor by SIGKILL (workers.supervisor forks it so): nothing to save, and the port must
+# be free for the next nsqadmin at once; the arbiter's worker dies with the arbiter the same way.
 def _http_child(opts, sock, log):
-    supervisor = os.getpid()
-
     def run(restarted, ready_fd):
         from http_api.nsqadmin.server import serve
-        die_with_parent(supervisor, signal.SIGTERM)
         serve(sock, opts, ready_fd, log)
     return run
 
@@ -93,21 +92,27 @@ def main(argv=None) -> int:
         log.warn(line)
     for line in support.notes:
         log.info(line)
-    sup = Supervisor(log)
+    notifier = Notifier.from_environ(os.environ)  # systemd's Type=notify (a no-op without $NOTIFY_SOCKET)
+    sup = Supervisor(log, notifier=notifier)
     sup.trap_stop_signals()
     try:
         sock = _bind(opts.http_address)
-    except (OSError, ValueError) as e:
-        log.fatal(f"listen ({opts.http_address}) failed - {e}")
+    except OSError as e:
+        log.fatal(listen_error("--http-address", opts.http_address, e))
+        return 1
+    except ValueError:
+        log.fatal(f"--http-address={opts.http_address}: the port is not a number")
         return 1
     try:
         sup.add("http", _http_child(opts, sock, log))
         sup.start()
-        if not sup.wait_ready():
+        if sup.wait_ready():
+            log.info(f"HTTP: listening on {_shown(sock)}")
+            notifier.ready(f"serving HTTP on {_shown(sock)}")
+        elif not sup.stop_requested:  # a stop asked for during start-up is a clean stop: run() makes it
             log.fatal("a process failed to start")
             sup.shutdown()
             return 1
-        log.info(f"HTTP: listening on {_shown(sock)}")
         return sup.run()
     finally:
         sock.close()

@@ -474,3 +474,31 @@ def test_a_restarted_node_is_flagged(cluster, admin):
     health = eventually(lambda: (lambda h: h if name in {r["node"] for r in h["restarted"]} else None)(
         admin.get("/api/health")), what="the restart in the health findings")
     assert "start_time" in [r for r in health["restarted"] if r["node"] == name][0]["why"]
+
+
+def test_systemd_readiness_and_a_clean_ctrl_c(cluster, tmp_path, monkeypatch):
+    """deploy/systemd/nsqadmin.service is Type=notify: READY=1 comes once the HTTP port serves; ^C in a terminal
+    (SIGINT to the whole process group) is a clean stop, exit 0, as SIGTERM is."""
+    import os
+    import signal
+    import socket
+
+    from tests.admin.admin_wire import Admin
+    path = str(tmp_path / "notify.sock")
+    listener = socket.socket(socket.AF_UNIX, socket.SOCK_DGRAM)
+    listener.bind(path)
+    listener.settimeout(60)
+    monkeypatch.setenv("NOTIFY_SOCKET", path)
+    a = Admin(f"--lookupd-http-address={cluster.lookupd.http}")
+    try:
+        note = ""
+        while "READY=1" not in note.split("\n"):  # (STATUS= lines may come first)
+            note = listener.recv(4096).decode()
+        assert f"MAINPID={a.proc.pid}" in note
+        assert a.request("GET", "/ping")[2] == b"OK"
+        os.killpg(a.proc.pid, signal.SIGINT)
+        assert a.proc.wait(60) == 0
+        assert "Traceback" not in a.output()
+    finally:
+        a.stop()
+        listener.close()
