@@ -32,7 +32,7 @@ from nsqpy.client.addresses import parse_address
 from nsqpy.client.backoff import Backoff
 from nsqpy.client.config import Config
 from nsqpy.client.conn import Connection
-from nsqpy.client.errors import check_name
+from nsqpy.client.errors import check_name, describe
 from nsqpy.client.handlers import HandlerRunner
 from nsqpy.client.message import Message
 from nsqpy.client.rdy import RdyPlanner
@@ -104,7 +104,8 @@ class AsyncConsumer:
                 await conn.command(wire.sub(self.topic, self.channel))
             except Exception as err:
                 conn.close()
-                log.warning("consumer %s/%s: %s:%d: %s", self.topic, self.channel, *address, err)
+                again = f"; again in {self.config.reconnect_interval:g}s" if retry and not self._stopping else ""
+                log.warning("consumer %s/%s: %s:%d: %s%s", self.topic, self.channel, *address, describe(err), again)
                 if retry and not self._stopping:
                     self._loop.call_later(self.config.reconnect_interval, self._redial, address)
                 return
