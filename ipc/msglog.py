@@ -39,7 +39,9 @@ Theory of operation
   it. Chosen over a separate per-channel retry arena because the log already has everything an arena would need
   again (commit protocol, crash recovery, spill to disk, reclaim, framing by position), the copy is one memcpy,
   and order is kept for free; the cost is that a requeued message occupies log space until every channel passes
-  it, bounded by the same budget as everything else.
+  it, bounded by the same budget as everything else. A public record can be parked as well
+  (``append_batch(parked=True)``): a deferred publish that the broker holds by position for every channel at once
+  (their deferred-store entries); every cursor passes it, and no depth nor the log's message count includes it.
 * **Crash recovery.** Records commit by their first word (length | flags), store-released last; a batch commits
   through one gate word (see ``msglog_kernels``). ``recover()`` drops segments below the tail, rescans the
   records committed after the published head, republishes the head and counters (idempotently, from per-record
@@ -67,8 +69,8 @@ import posix_ipc
 from ipc import msglog_kernels as K
 from ipc.atomics import py_load_acquire, py_store_release
 from ipc.layout import LayoutError, align_up, check_header, read_only, stamp_header, words
-from ipc.msglog_layout import (BAD_POSITION, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, FULL, HDR,
-                               MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
+from ipc.msglog_layout import (BAD_POSITION, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, F_PARKED, FULL,
+                               HDR, MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
                                S_BACKLOG_SEQ, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES,
                                TAIL, TIER_DISK, TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base,
                                check_geometry, ctrl_nbytes, ctrl_words, table_at, window_slots)
@@ -211,7 +213,7 @@ class LogCounters:
 
     @property
     def message_count(self) -> int:
-        """Public records ever appended (the topic's message count)."""
+        """Public records ever appended but parked ones (the topic's message count, less deferred publishes)."""
         return int(K.state_snapshot(self.ctrl, S_HEAD_SEQ))
 
     @property
@@ -531,10 +533,12 @@ class MessageLog(LogCounters):
         return status
 
     def append_batch(self, src, offsets, lengths, timestamps, ids, not_before=None, positions=None,
-                     overdraft=False) -> int:
+                     overdraft=False, parked=False) -> int:
         """Append len(lengths) messages, bodies src[offsets[i]:offsets[i]+lengths[i]] (src uint8, the rest
         int64 arrays), all or nothing; returns the first record's position. ``positions`` (int64, optional)
-        receives each record's position. Raises LogFull when the budgets (plus OVERDRAFT_SEGMENTS with
+        receives each record's position. ``parked``: every cursor passes them and no depth counts them (the
+        broker holds them by position, e.g. in the deferred store for each channel). Raises LogFull when the
+        budgets (plus OVERDRAFT_SEGMENTS with
         ``overdraft``, for messages already acknowledged) cannot hold the batch, LogNoSpace when /dev/shm and the
         disk cannot, ValueError for a message bigger than a segment."""
         n = len(lengths)
@@ -544,7 +548,7 @@ class MessageLog(LogCounters):
             not_before = self._zeros
         out = self._no_positions if positions is None else positions
         w = self.window
-        args = (read_only(src), offsets, lengths, timestamps, ids, not_before, n, out)
+        args = (read_only(src), offsets, lengths, timestamps, ids, not_before, F_PARKED if parked else 0, n, out)
         status = K.append_batch(self.ctrl, w.data, w.data64, *args)
         if status == NEED_SEGMENT:
             memory = self._providers[TIER_MEM]

@@ -17,8 +17,8 @@ head is published (double-buffered state, see the layout). A batch needs its pag
 one word (``reserve_end``), so that the owner can always seal a segment it cannot grow (``seal_segment``: a PAD
 from the head to the segment's end, after which the next records go to a new segment, possibly of another tier).
 
-Reading: the channel's cursor walks records in position order, jumping over PAD and over private records that
-belong to other channels or are parked; ``advance`` moves the cursor and its counters, which it takes from the
+Reading: the channel's cursor walks records in position order, jumping over PAD, parked records (public or
+private) and private records that belong to other channels; ``advance`` moves the cursor and its counters, which it takes from the
 per-record ``seq`` of the last record passed (so an advance never counts: it cannot drift). A read always returns
 the first deliverable record, even when its frame alone is over the byte budget: the caller then delivers it
 alone, and a big message never blocks the channel.
@@ -240,10 +240,12 @@ def write_header(data64, w, length, flags, ts, msg_id, not_before, chan_att, seq
 
 
 @njit(**KERNEL)
-def append_batch(ctrl, data, data64, src, offsets, lengths, timestamps, ids, not_before, n, out_pos):
-    """Append n public records (bodies src[offsets[i]:offsets[i]+lengths[i]]); all or nothing.
-    Returns the position of the first record, or TOO_BIG / NEED_SEGMENT (then nothing was written). out_pos (size >= n,
-    or size 0 to skip) receives each record's position."""
+def append_batch(ctrl, data, data64, src, offsets, lengths, timestamps, ids, not_before, flags, n, out_pos):
+    """Append n public records (bodies src[offsets[i]:offsets[i]+lengths[i]]); all or nothing. ``flags`` 0, or
+    F_PARKED: records every cursor passes and none counts (seq 0; the broker holds them by position for each
+    channel, as DPUBs it deferred as they came). Returns the position of the first record, or TOO_BIG /
+    NEED_SEGMENT (then nothing was written). out_pos (size >= n, or size 0 to skip) receives each record's
+    position."""
     head = state_word(ctrl, S_HEAD)
     end = plan_batch(ctrl, head, lengths, n)
     if end < 0:
@@ -263,10 +265,11 @@ def append_batch(ctrl, data, data64, src, offsets, lengths, timestamps, ids, not
         pos, gate_word, gate_value = pad_to_fit(data64, pos, size, s, mask, gate_word, gate_value)
         off = pos & mask
         w = off >> 3
-        seq += 1
-        write_header(data64, w, length, 0, timestamps[i], ids[i], not_before[i], 0, seq)
+        if flags == 0:
+            seq += 1
+        write_header(data64, w, length, flags, timestamps[i], ids[i], not_before[i], 0, seq if flags == 0 else 0)
         copy_bytes(data, off + HDR, src, offsets[i], lengths[i])
-        gate_word, gate_value = commit_or_gate(data64, w, commit_word(length, 0), gate_word, gate_value)
+        gate_word, gate_value = commit_or_gate(data64, w, commit_word(length, flags), gate_word, gate_value)
         if first < 0:
             first = pos
         if out_pos.size > 0:
@@ -394,13 +397,14 @@ def copy_forward(ctrl, data, data64, ch, positions, attempts, not_before, parked
 # --- reading -------------------------------------------------------------------------------------------------
 @njit(inline="always", **KERNEL_CALLEE)
 def skipped_by(data64, w, w0, ch):
-    """PAD, parked, or another channel's private record: the channel's cursor passes it without delivering.
-    (A PAD record may be a single word at the end of a segment: nothing after its commit word is read.)"""
+    """PAD, parked (public or private), or another channel's private record: the channel's cursor passes it
+    without delivering. (A PAD record may be a single word at the end of a segment: nothing after its commit word
+    is read.)"""
     flags = w0 >> 32
-    if (flags & F_PAD) != 0:
+    if (flags & (F_PAD | F_PARKED)) != 0:
         return True
     if (flags & F_PRIVATE) != 0:
-        return (flags & F_PARKED) != 0 or (data64[w + R_CHAN_ATT] & 0xFFFF) != ch
+        return (data64[w + R_CHAN_ATT] & 0xFFFF) != ch
     return False
 
 
@@ -485,7 +489,7 @@ def advance(ctrl, data64, ch, target):
         w = (pos & mask) >> 3
         w0 = load_acquire(data64, w)
         flags = w0 >> 32
-        if (flags & (F_PRIVATE | F_PAD)) == 0:
+        if (flags & (F_PRIVATE | F_PAD | F_PARKED)) == 0:
             pub = data64[w + R_SEQ]
         elif not skipped_by(data64, w, w0, ch):
             priv = data64[w + R_SEQ]
@@ -519,7 +523,7 @@ def rewind(ctrl, data64, ch, target):
         w = (pos & mask) >> 3
         w0 = load_acquire(data64, w)
         flags = w0 >> 32
-        if (flags & (F_PRIVATE | F_PAD)) == 0:
+        if (flags & (F_PRIVATE | F_PAD | F_PARKED)) == 0:
             if pub < 0:
                 pub = data64[w + R_SEQ] - 1
         elif not skipped_by(data64, w, w0, ch):

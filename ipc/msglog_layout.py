@@ -37,7 +37,9 @@ Record (8-byte aligned, never crossing a segment boundary; positions are monoton
     24  i64 not-before (ns, 0 = deliver now)
     32  u16 channel (private records) | u16 attempts (private records) | u32 reserved
     40  i64 seq: public record = number of public records up to and including it (topic-wide);
-                 private record = the channel's count of private records up to and including it
+                 private record = the channel's count of private records up to and including it;
+                 parked record (flag PARKED, public or private: every cursor passes it, the broker holds it by
+                 position) = 0, counted by nothing
     48  body
 
 A PAD record (flags PAD, only the commit word is written) fills the end of a segment that the next record does not

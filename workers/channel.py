@@ -1,7 +1,9 @@
 """A channel, inside its topic's owner worker: consumers, delivery, FIN/REQ/TOUCH, timeouts.
 
-Theory of operation: the channel's queue is its cursor in the topic's message log plus a deque of in-flight slots
-that came back (REQ 0, timeout, due deferred message, a consumer that disconnected), which are delivered first.
+Theory of operation: the channel's queue is its cursor in the topic's message log plus two deques of messages that
+came back: in-flight slots (REQ 0, timeout, a consumer that disconnected) and deferred-store entries that came due.
+Each waits behind what was waiting in the channel when it came back (NSQ puts it back into the channel's queue):
+its mark is the log's head at that moment, and the log's records before the earliest mark go out first.
 Delivery is credit-based like RDY itself: a consumer gets up to ``rdy - in_flight`` messages, handed out in
 rounds of at most ``ROUND`` per consumer. Consumers take turns: a pass starts with the consumer after the last one
 that got messages, so a pass that delivers nothing (a FIN's, with nothing waiting) moves no turn. One round
@@ -13,8 +15,12 @@ a slot is reported to the scanner (START with a deadline, REMOVE), which owns th
 A message whose ``not_before`` lies in the future (DPUB) is parked in the worker's deferred store
 (``workers/deferred.py``) when the cursor reaches it, so that it is deferred per channel as NSQ does; a REQ with
 a delay moves its message from its in-flight slot to the same store. The store grows on demand: deferred
-messages never take in-flight slots while they wait. When they come due they queue in ``due`` (after the
-requeued ones) and take a slot only when a consumer gets them.
+messages never take in-flight slots while they wait. When they come due they queue in ``due`` and take a slot
+only when a consumer gets them. A DPUB to a topic with channels is parked for each of them as it is appended
+(``Topic.append``), so it counts as deferred at once, as in nsqd.
+
+``message_count`` is nsqd's: every message put into the channel (counted as its topic appends it,
+``Topic.count_appended``), not deliveries; a requeue, timeout or due deferred message does not count again.
 
 What a channel needs from its worker is narrow (a unit test passes a small fake, see
 tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
@@ -69,9 +75,9 @@ class Channel:
         self.ephemeral = name.endswith("#ephemeral")
         self.paused = False
         self.consumers = []
-        self.requeued = collections.deque()   # in-flight slots to deliver again (REQ 0, timeout, disconnect)
-        self.due = collections.deque()        # deferred-store entries that came due, waiting for a consumer
-        self.message_count = 0
+        self.requeued = collections.deque()   # (in-flight slot, mark): to deliver again (REQ 0, timeout, disconnect)
+        self.due = collections.deque()        # (deferred-store entry, mark): came due, waiting for a consumer
+        self.message_count = 0  # messages put into the channel (nsqd's channel message_count)
         self.requeue_count = 0
         self.timeout_count = 0
         self.deleted = False
@@ -161,19 +167,40 @@ class Channel:
     def _deliver_to(self, s, budget):
         now = time.time_ns()
         deadline = now + s.settings.msg_timeout_ms * 1_000_000
-        if self.requeued:
-            return self._redeliver(s, budget, now, deadline)
-        if self.due:
-            return self._deliver_due(s, budget, now, deadline)
-        if self.worker.round_buffer is not None and s.settings.sample_rate <= 0:
+        log = self.topic.log
+        mark = NO_STOP
+        if self.requeued or self.due:
+            mark = self._earliest_mark()
+            cursor = log.cursor(self.ch)
+            if cursor >= mark:
+                return self._deliver_came_back(s, budget, now, deadline, cursor)
+        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0:
             n = self._deliver_round(s, budget, now, deadline)
             if n >= 0:
                 return n
-        log = self.topic.log
         b = log.read(self.ch, budget, MAX_ROUND_BYTES)  # at least one record, however big (delivered alone)
-        if b.n == 0:
+        n, nxt = b.n, b.next_position
+        if mark != NO_STOP:
+            k = int(np.searchsorted(b.positions[:n], mark))
+            if k == 0:  # nothing of the log lies before the mark: the messages that came back are next
+                return self._deliver_came_back(s, budget, now, deadline, int(b.positions[0]) if n else NO_STOP)
+            if k < n:
+                n, nxt = k, int(b.positions[k])
+        delivered = self._deliver_read(s, b, n, nxt, now, deadline)
+        if not delivered and self.blocked and self.requeued:
+            # the in-flight table is full, and the requeued messages hold slots of their own that only their
+            # delivery (and a FIN) can free: they go now rather than wait behind messages that wait for slots
+            self.blocked = False
+            self.worker.table_blocked.discard(self)
+            return self._redeliver(s, min(budget, len(self.requeued)), now, deadline)
+        return delivered
+
+    def _deliver_read(self, s, b, n, nxt, now, deadline):
+        """The first n records of read b (the cursor moves to nxt at most): started in flight at s and framed,
+        deferred ones parked, sampled ones skipped; -> how many were delivered."""
+        if n == 0:
             return 0
-        n = b.n
+        log = self.topic.log
         pos, ids, att = b.positions[:n], b.ids[:n], b.attempts[:n] + 1
         keep = None
         stop = NO_STOP  # the first record that found no in-flight slot: the cursor stops there
@@ -198,8 +225,39 @@ class Channel:
         # ST_DUPLICATE and skips them, so they are delivered once, through their slot.
         # The cursor moves before the frames are written: from here on the messages live in their slots, so a
         # worker that dies framing them (workers/suspects.py) finds them there, requeued, and can set one aside.
-        log.advance(self.ch, b.next_position if stop == NO_STOP else stop)
+        log.advance(self.ch, nxt if stop == NO_STOP else stop)
         return self._send(s, pos, att, slots, deadline)
+
+    def _earliest_mark(self):
+        """The log position before which the oldest message that came back waits (the head when it came back)."""
+        return min(self.requeued[0][1] if self.requeued else NO_STOP, self.due[0][1] if self.due else NO_STOP)
+
+    def _deliver_came_back(self, s, budget, now, deadline, limit):
+        """Requeued or due messages, whichever came back first, and of that kind those that came back before the
+        other kind's first and with no message of the log ahead of them (``limit``: the position of the log's next
+        one for this channel, or a position at or before it)."""
+        requeued = self.requeued[0][1] if self.requeued else NO_STOP
+        due = self.due[0][1] if self.due else NO_STOP
+        if requeued <= due:
+            queue, deliver, bound = self.requeued, self._redeliver, min(limit, due)
+        else:
+            queue, deliver, bound = self.due, self._deliver_due, min(limit, requeued)
+        want = 0
+        for _, mark in itertools.islice(queue, budget):
+            if mark > bound and want:
+                break
+            want += 1
+        return deliver(s, want, now, deadline)
+
+    def put_back(self, slots):
+        """In-flight slots requeued in the table (REQ 0, timeout, disconnect) wait behind what the channel holds
+        now, as nsqd puts such a message back into the channel's queue."""
+        mark = self.topic.log.head
+        self.requeued.extend((slot, mark) for slot in slots)
+
+    def came_due(self, entry):
+        """A deferred-store entry came due: it waits behind what the channel holds now."""
+        self.due.append((entry, self.topic.log.head))
 
     def _deliver_round(self, s, budget, now, deadline):
         """The usual round from the cursor in one compiled call (``kernels.deliver_round``: read, in-flight slots,
@@ -255,7 +313,6 @@ class Channel:
         self.worker.timer_start(slots, deadline)
         s.in_flight += n
         s.message_count += n
-        self.message_count += n
 
     def _table_full(self):
         """No in-flight slot left: stop this pass; the worker resumes the channel once a slot is free."""
@@ -268,7 +325,7 @@ class Channel:
         w = self.worker
         table = w.inflight
         want = min(budget, len(self.requeued))
-        peek = np.fromiter(itertools.islice(self.requeued, want), np.int64, want)
+        peek = np.fromiter((e[0] for e in itertools.islice(self.requeued, want)), np.int64, want)
         pos = np.empty(want, np.int64)
         waiting_positions(table.slots, peek, pos)
         live = pos >= 0
@@ -278,7 +335,7 @@ class Channel:
         take = _round_size(frames, int(np.argmax(live)) + 1)
         taken = []
         for _ in range(min(take, want)):
-            slot = self.requeued.popleft()
+            slot = self.requeued.popleft()[0]
             if table.redeliver(slot, s.conn_id, now, deadline) == IF.OK:
                 taken.append(slot)
         slots = np.array(taken, np.int64)
@@ -306,7 +363,7 @@ class Channel:
         here, the rest stay due."""
         store = self.worker.deferred
         want = min(budget, len(self.due))
-        idx = np.fromiter(itertools.islice(self.due, want), np.int64, want)
+        idx = np.fromiter((e[0] for e in itertools.islice(self.due, want)), np.int64, want)
         _, _, ids, pos, att, _ = store.fields(idx)
         lengths = self.topic.log.records_at(pos).lengths[:want] + FRAME_OVERHEAD
         take = _round_size(lengths, 1)
@@ -380,10 +437,10 @@ class Channel:
         self.worker.timer_leave_one(slot)
         if timeout_ms <= 0:
             table.requeue(slot, 0)
-            self.requeued.append(slot)
+            self.put_back((slot,))
         elif not self._defer_slot(slot, time.time_ns() + timeout_ms * 1_000_000):
             table.requeue(slot, 0)  # the store cannot grow: requeue now rather than lose it
-            self.requeued.append(slot)
+            self.put_back((slot,))
         s.in_flight -= 1
         s.requeue_count += 1
         self.requeue_count += 1
@@ -420,7 +477,7 @@ class Channel:
     # ---- timers and disconnects ------------------------------------------------------------------------
     def on_expired(self, slot, info, session):
         """The scanner says slot's deadline passed (the generation was already checked): an in-flight message
-        timed out, or a deferred one is due. Either way it goes back to the front of the channel."""
+        timed out, or a deferred one is due. Either way it goes back into the channel, behind what waits there."""
         if info.state == IF.IN_FLIGHT:
             self.timeout_count += 1
             if session is not None:
@@ -428,7 +485,7 @@ class Channel:
                 if session.ready_for_more():
                     self.wants_delivery()
             self.worker.inflight.requeue(slot, 0)
-        self.requeued.append(slot)
+        self.put_back((slot,))
         self.wants_delivery()
 
     def requeue_conn(self, session):
@@ -438,7 +495,7 @@ class Channel:
         mine = [x for x in slots.tolist() if table.slot(x).channel == self.key]
         for slot in mine:
             table.requeue(slot, 0)
-            self.requeued.append(slot)
+        self.put_back(mine)
         if mine:
             self.worker.timer_leave(np.array(mine, np.int64))
             session.in_flight = 0

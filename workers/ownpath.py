@@ -91,7 +91,7 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
         ts[i] = now
         nb[i] = 0
     tick, seq = snowflake_fill(ids.view(np.uint64), now >> 20, ow[OW_TICK], ow[OW_SEQ], ow[OW_NODE])
-    first = append_batch(ctrl, data, data64, buf, st[ST_OFF, :n], st[ST_LEN, :n], ts, ids, nb, n,
+    first = append_batch(ctrl, data, data64, buf, st[ST_OFF, :n], st[ST_LEN, :n], ts, ids, nb, np.int64(0), n,
                          ow[A_POS:A_POS])
     if first < 0:
         return False

@@ -44,9 +44,10 @@ class Recovery:
         """Take the message at log position pos out of channel ch's delivery and keep its body on disk."""
         log = ch.topic.log
         table = self.inflight
-        for slot in list(ch.requeued):
+        for entry in list(ch.requeued):
+            slot = entry[0]
             if table.slot(slot).log_pos == pos:
-                ch.requeued.remove(slot)
+                ch.requeued.remove(entry)
                 break
         else:
             slot = None
@@ -100,7 +101,7 @@ class Recovery:
             else:
                 if info.state == IF.IN_FLIGHT:
                     table.requeue(slot, 0)
-                ch.requeued.append(slot)
+                ch.requeued.append((slot, 0))  # held before the crash: ahead of what waits in the log
         self.timer_start_each(deferred, dues)
         self._recover_deferred()
         self.touched.update(self.topics.values())  # set every low-water mark once from the recovered table

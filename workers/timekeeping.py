@@ -41,7 +41,7 @@ class Timekeeping:
                 if ch is None:
                     orphans.append(i)  # its channel is gone (deleted while the entry was popped)
                 else:
-                    ch.due.append(i)
+                    ch.came_due(i)
                     self.pending.add(ch)
             self.deferred.free(orphans)
         self.deferred_changed()

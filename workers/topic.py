@@ -27,6 +27,7 @@ from ipc.layout import LayoutError
 from ipc.shm import Segment, SegmentError, segment_name, unlink_name
 from nsqpy.protocol.ids import SEQUENCE_MASK, TWEPOCH, IdGenerator
 from workers.channel import Channel
+from workers.deferred import DeferredNoSpace
 
 SEGMENT_SIZE = 8 << 20   # the smallest segment; topics get bigger ones when --max-msg-size asks for it
 MEM_BYTES_PER_MESSAGE = 1024
@@ -170,23 +171,28 @@ class Topic:
         else:
             ids = self.ids.next_ids(n, now).view(np.int64)
             timestamps = timestamp if isinstance(timestamp, np.ndarray) else np.full(n, timestamp, np.int64)
-        not_before = None
+        not_before = parked_for = positions = None
         if defer_ms:
             not_before = np.full(n, now + defer_ms * 1_000_000, np.int64)
+            parked_for = self._defer_for(n)
+            if parked_for:
+                positions = np.empty(n, np.int64)
+        args = (src, offsets, lengths, timestamps, ids, not_before, positions)
+        parked = parked_for is not None
         try:
             try:
-                self._append(src, offsets, lengths, timestamps, ids, not_before)
+                self._append(*args, parked=parked)
             except StorageError:
                 if not acknowledged:
                     raise
                 # already answered OK by the worker that forwarded it: it may use /dev/shm's safety reserve (at
                 # most a ring's worth per sending worker arrives before they see the topic marked full); if even
                 # that fails, it waits in the ring (StorageError) and nothing behind it there is lost
-                self._append(src, offsets, lengths, timestamps, ids, not_before, overdraft=True)
+                self._append(*args, parked=parked, overdraft=True)
         except LogFull:
             self.worker.refresh_low_water([self])
             try:
-                self._append(src, offsets, lengths, timestamps, ids, not_before)
+                self._append(*args, parked=parked)
             except LogFull:
                 if self.ephemeral:
                     return True  # NSQ drops what an ephemeral topic cannot hold
@@ -194,12 +200,14 @@ class Topic:
                 if not acknowledged:
                     return False
                 try:
-                    self._append(src, offsets, lengths, timestamps, ids, not_before, overdraft=True)
+                    self._append(*args, parked=parked, overdraft=True)
                 except LogFull:
                     return False
         else:
             if self.full and self.log.has_room():
                 self.set_full(False)
+        if parked:
+            self._deferred(parked_for, ids, positions, not_before)
         if self.worker.storage_failing:
             self.worker.storage_works()
         if self.durable:
@@ -208,21 +216,46 @@ class Topic:
         return True
 
     def count_appended(self, n, lengths):
-        """n messages (body lengths ``lengths``) were appended: counters, stats, and a delivery pass for every
-        channel with consumers (also after the lane appended them: workers/ownpath.py)."""
+        """n messages (body lengths ``lengths``) were appended: counters (each channel's too: nsqd counts a
+        message for a channel as its topic puts it there), stats, and a delivery pass for every channel with
+        consumers (also after the lane appended them: workers/ownpath.py)."""
         self.message_count += n
         self.message_bytes += int(lengths[0]) if n == 1 else int(lengths.sum())
         self.worker.stats.changed.add(self.name)
         for ch in self.channels.values():
+            ch.message_count += n
             if ch.consumers:
                 self.worker.pending.add(ch)
 
-    def _append(self, *args, overdraft=False):
+    def _defer_for(self, n):
+        """The channels a deferred publish of n messages is parked for as it is appended, room for their entries
+        reserved in the deferred store: nsqd defers a message per channel as it copies it from the topic, so it is
+        a deferred message of each at once (deferred_count, not depth). None: appended for the cursors to meet
+        (no channel yet: the backlog of the first one; or the store cannot grow)."""
+        channels = list(self.channels.values())
+        if not channels:
+            return None
+        try:
+            self.worker.deferred.reserve(n * len(channels))
+        except DeferredNoSpace:
+            return None
+        return channels
+
+    def _deferred(self, channels, ids, positions, not_before):
+        """The parked records of a deferred publish become each channel's deferred-store entries (the room was
+        reserved: this cannot fail)."""
+        w = self.worker
+        attempts = np.zeros(len(ids), np.int64)
+        for ch in channels:
+            w.deferred.add(self.index, ch.key, ids, positions, attempts, not_before)
+        w.deferred_changed()
+
+    def _append(self, *args, overdraft=False, parked=False):
         """The log's append_batch; any failure but a full budget (LogFull) becomes StorageError, after marking
         the topic full for the other workers (they refuse its publishes at once instead of forwarding what cannot
         be stored) and one log line with the cause."""
         try:
-            self.log.append_batch(*args, overdraft=overdraft)
+            self.log.append_batch(*args, overdraft=overdraft, parked=parked)
         except LogFull:
             raise
         except (LogError, OSError, ValueError) as e:
@@ -235,6 +268,7 @@ class Topic:
         ch = self.channels.get(name)
         if ch is None:
             ch = Channel(self, name, self.log.open_channel(), self.worker.next_channel_key())
+            ch.message_count = self.log.depth(ch.ch)  # the first channel takes the backlog: put into it now
             try:
                 self.worker.directory.channel_created(self.index, name, ch.ch, ch.key)
             except OSError as e:  # unrecorded, a replacement would not know its cursor: undo

@@ -188,7 +188,7 @@ def test_stats_agree_exactly_with_what_clients_did(broker):
             assert {k: ch[k] for k in ("depth", "backend_depth", "in_flight_count", "deferred_count",
                                        "message_count", "requeue_count", "timeout_count", "client_count",
                                        "paused")} == {
-                "depth": 0, "backend_depth": 0, "in_flight_count": 3, "deferred_count": 0, "message_count": n + 2,
+                "depth": 0, "backend_depth": 0, "in_flight_count": 3, "deferred_count": 0, "message_count": n,
                 "requeue_count": 2, "timeout_count": 0, "client_count": 1, "paused": False}
             [c] = ch["clients"]
             conn = consumers[t, ch["channel_name"]]
@@ -309,8 +309,8 @@ def test_a_killed_worker_is_skipped_then_its_replacement_publishes_everything(br
 
 
 def test_deferred_messages_count_as_deferred_not_as_depth(broker):
-    """A DPUB the channel reached and a REQ with a delay wait in the deferred store: deferred_count, not depth
-    (nsqd keeps them in the channel's deferred queue); a REQ 0 is depth again until delivered."""
+    """A DPUB and a REQ with a delay wait in the deferred store: deferred_count, not depth (nsqd keeps them in the
+    channel's deferred queue); a REQ 0 is depth again until delivered. The channel was given three messages."""
     nsqd, reader = broker
     t = unique("dfr")
     with Conn(nsqd.address) as c:
@@ -324,7 +324,7 @@ def test_deferred_messages_count_as_deferred_not_as_depth(broker):
         c.sync()
         ch = by_topic(reader.stats(topic=t))[t]["channels"][0]
         assert (ch["deferred_count"], ch["depth"], ch["in_flight_count"], ch["requeue_count"],
-                ch["message_count"]) == (2, 1, 0, 2, 2)
+                ch["message_count"]) == (2, 1, 0, 2, 3)
         assert ch["clients"][0]["in_flight_count"] == 0 and ch["clients"][0]["requeue_count"] == 2
 
 

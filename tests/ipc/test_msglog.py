@@ -330,6 +330,29 @@ def test_read_reports_latest_not_before(small_log):
     assert log.read(ch, 10, 1000).latest_not_before == 0  # nothing read
 
 
+def test_parked_public_records_are_passed_by_every_cursor_and_counted_by_none(small_log):
+    """A deferred publish the broker holds for every channel (its deferred-store entries): no cursor delivers it,
+    no depth or message count includes it, advancing and rewinding over it keep the counts, and its body and id
+    stay readable by position (the entries frame it when it comes due)."""
+    log, *_ = small_log
+    a, b = log.open_channel(), log.open_channel()
+    one = np.ones(1, np.int64)
+    log.append(b"x", 1, 11)
+    parked = np.zeros(1, np.int64)
+    log.append_batch(np.frombuffer(b"d", np.uint8), np.zeros(1, np.int64), one, one, np.array([12], np.int64),
+                     not_before=np.array([10**18], np.int64), positions=parked, parked=True)
+    log.append(b"y", 1, 13)
+    assert (log.depth(a), log.depth(b), log.message_count, log.last_id) == (2, 2, 2, 13)
+    r = log.read(a, 10, 1 << 20)
+    assert r.n == 2 and r.ids[:2].tolist() == [11, 13]
+    log.advance(a, int(r.positions[1]))  # to "y", past the parked record
+    assert log.depth(a) == 1
+    log.advance(a, r.next_position)
+    assert log.depth(a) == 0
+    assert log.rewind(a, int(parked[0])) and log.depth(a) == 1  # only "y" is after it
+    assert log.body(int(parked[0])) == b"d" and log.records_at(parked).ids[0] == 12
+
+
 def test_torn_batch_is_invisible_and_overwritten(small_log):
     """An owner killed inside append_batch leaves bodies and commit words after the gate; recovery drops them."""
     log, ctrl, prefix, tmp_path = small_log

@@ -121,7 +121,7 @@ class FakeWorker:
         idx = self.deferred.due(time.time_ns() if now is None else now)
         _, channels, _, _, _, _ = self.deferred.fields(idx)
         for i, key in zip(idx.tolist(), channels.tolist()):
-            self.channels[key].due.append(i)
+            self.channels[key].came_due(i)
         return len(idx)
 
 

@@ -85,7 +85,7 @@ class Channel:
         self.consumers = []
         self.paused = self.deleted = False
         self.requeued, self.due = collections.deque(), collections.deque()
-        self._rr = 0
+        self._rr = self.message_count = 0
         self.started = []
         self.e2e = None
         topic.channels[name] = self
@@ -271,7 +271,7 @@ def test_a_log_that_needs_a_new_segment_is_left_to_python_with_nothing_written(o
     one, zero = np.ones(1, np.int64), np.zeros(1, np.int64)
     win = log.window
     while MK.append_batch(log.ctrl, win.data, win.data64, body, zero, np.array([body.size], np.int64), zero, one,
-                          zero, 1, np.empty(0, np.int64)) >= 0:
+                          zero, 0, 1, np.empty(0, np.int64)) >= 0:
         pass
     log.advance(ch.ch, log.head)
     tick = own.topic.ids.last_tick
