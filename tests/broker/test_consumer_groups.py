@@ -1,7 +1,7 @@
 """Consumers of one channel share its messages fairly, whatever the traffic (issue 46, item 5).
 
-A real nsqd (two workers) and real nsqpy consumers (``max_in_flight=100``, one connection each), as an
-application runs them. Each traffic shape publishes 10,000 messages to a fresh topic whose channel has two, then
+A real nsqd (two workers) and real consumers (``max_in_flight=100``, one connection each), as an application runs
+them: nsqpy's, and pynsq 0.9.1's readers for the batch shapes. Each traffic shape publishes 10,000 messages to a fresh topic whose channel has two, then
 four consumers; once every message was handled, each consumer's share must lie within 35-65% (two) or 15-35%
 (four). The shapes: lone PUBs (a few in flight at a time), paced MPUBs of 50 (the issue's case: whoever a pass
 began with took every batch when a FIN's empty pass moved the turn on), bursts of 1,000 and slow handlers.
@@ -15,6 +15,7 @@ import pytest
 
 from nsqpy.client import Consumer
 from nsqpy.protocol import client as C
+from tests.broker.test_pynsq import PynsqLoop
 from tests.polling import wait_until
 from wire import Conn, unique, warm_up
 
@@ -54,50 +55,109 @@ PRODUCE = {
 }
 
 
-def shares(addr, shape, consumers):
-    """Run one shape with that many consumers; -> each consumer's share of the N messages."""
-    topic = unique("fair")
-    counts = [0] * consumers
-    seen = set()
-    lock = threading.Lock()
-    delay = 0.0002 if shape == "slow_handlers" else 0.0
+class Tally:
+    """What each consumer of a run handled (handlers may run in several threads)."""
 
-    def handler(k):
+    def __init__(self, consumers, delay=0.0):
+        self.counts = [0] * consumers
+        self.seen = set()
+        self.delay = delay
+        self.lock = threading.Lock()
+
+    def handler(self, k):
         def handle(message):
-            if delay:
-                time.sleep(delay)  # the handler's work
-            with lock:
-                counts[k] += 1
-                seen.add(message.body)
+            if self.delay:
+                time.sleep(self.delay)  # the handler's work
+            with self.lock:
+                self.counts[k] += 1
+                self.seen.add(message.body)
+            return True
         return handle
 
+    def reset(self):
+        with self.lock:
+            self.counts[:] = [0] * len(self.counts)
+            self.seen.clear()
+
+    def shares(self):
+        total = sum(self.counts)
+        return [c / total for c in self.counts]
+
+
+def first_message(addr):
+    """A topic with one message: it and then its channel exist before the run counts anything."""
+    topic = unique("fair")
     with Conn(addr) as p:
-        p.send(C.pub(topic, b"start"))  # the topic and then its channel exist before any consumer counts
+        p.send(C.pub(topic, b"start"))
         p.expect_response()
+    return topic
+
+
+def produce(addr, shape, topic):
+    with Conn(addr) as p:
+        PRODUCE[shape](p, topic, [b"%d" % i for i in range(N)])
+
+
+def shares(addr, shape, consumers):
+    """Run one shape with that many nsqpy consumers; -> each consumer's share of the N messages."""
+    topic = first_message(addr)
+    tally = Tally(consumers, 0.0002 if shape == "slow_handlers" else 0.0)
     group = []
     try:
         for k in range(consumers):
-            group.append(Consumer(topic, "group", handler(k), nsqd_tcp_addresses=[f"{addr[0]}:{addr[1]}"],
+            group.append(Consumer(topic, "group", tally.handler(k), nsqd_tcp_addresses=[f"{addr[0]}:{addr[1]}"],
                                   max_in_flight=100).start())
-        wait_until(lambda: sum(counts) >= 1, 60, "the message before the run delivered")
-        with lock:
-            counts[:] = [0] * consumers
-            seen.clear()
-        bodies = [b"%d" % i for i in range(N)]
-        with Conn(addr) as p:
-            PRODUCE[shape](p, topic, bodies)
-        wait_until(lambda: len(seen) >= N, 120, f"{N} messages handled ({shape}, {consumers} consumers)")
+        wait_until(lambda: len(tally.seen) >= 1, 60, "the message before the run delivered")
+        tally.reset()
+        produce(addr, shape, topic)
+        wait_until(lambda: len(tally.seen) >= N, 120, f"{N} messages handled ({shape}, {consumers} consumers)")
     finally:
         for c in group:
             c.stop()
-    total = sum(counts)
-    return [c / total for c in counts]
+    return tally.shares()
+
+
+def pynsq_shares(addr, shape, consumers):
+    """The same with pynsq 0.9.1 readers on one tornado loop, the producer in a thread beside it."""
+    lp = PynsqLoop(addr)
+    try:
+        topic = first_message(addr)
+        tally = Tally(consumers)
+        readers = [lp.reader(topic, "group", tally.handler(k), max_in_flight=100) for k in range(consumers)]
+        lp.subscribed(*readers)
+        lp.run_until(lambda: len(tally.seen) >= 1, what="the message before the run delivered")
+        tally.reset()
+        failed = []
+        producer = threading.Thread(target=lambda: _catching(failed, produce, addr, shape, topic))
+        producer.start()
+        lp.run_until(lambda: len(tally.seen) >= N or failed, 120, f"{N} messages handled ({shape}, pynsq)")
+        producer.join()
+        assert not failed, failed
+    finally:
+        lp.close()
+    return tally.shares()
+
+
+def _catching(failed, fn, *args):
+    try:
+        fn(*args)
+    except BaseException as e:  # noqa: BLE001 (reported by the test's thread)
+        failed.append(e)
+
+
+def _check(kind, shape, consumers, got):
+    low, high = BOUNDS[consumers]
+    print(f"{kind} {shape} {consumers} consumers: " + " ".join(f"{s:.1%}" for s in got))
+    assert all(low <= s <= high for s in got), (kind, shape, consumers, [round(s, 3) for s in got])
 
 
 @pytest.mark.parametrize("consumers", [2, 4])
 @pytest.mark.parametrize("shape", SHAPES)
 def test_each_consumer_of_a_group_gets_a_fair_share(addr, shape, consumers):
-    got = shares(addr, shape, consumers)
-    low, high = BOUNDS[consumers]
-    print(f"{shape} {consumers} consumers: " + " ".join(f"{s:.1%}" for s in got))
-    assert all(low <= s <= high for s in got), (shape, consumers, [round(s, 3) for s in got])
+    _check("nsqpy", shape, consumers, shares(addr, shape, consumers))
+
+
+@pytest.mark.parametrize("consumers", [2, 4])
+@pytest.mark.parametrize("shape", ["mpub_50", "bursts"])
+def test_each_pynsq_reader_of_a_group_gets_a_fair_share(addr, shape, consumers):
+    _check("pynsq", shape, consumers, pynsq_shares(addr, shape, consumers))
