@@ -112,6 +112,8 @@ class AsyncProducer:
         errors = []
         while True:
             for i in range(len(self.addresses)):
+                if self._stopped:
+                    raise StoppedError("producer stopped")
                 index = (self._current + i) % len(self.addresses)
                 try:
                     return index, await self._open(index)
@@ -119,8 +121,6 @@ class AsyncProducer:
                     # this address is down or not speaking V2: try the next; an error frame (ProtocolError,
                     # e.g. IDENTIFY refused) is a configuration problem and is raised
                     errors.append("%s:%d: %s" % (*self.addresses[index], describe(err)))
-                if self._stopped:
-                    raise StoppedError("producer stopped")
             left = deadline - time.monotonic()
             if left <= 0:
                 raise NoConnection("no nsqd reachable: " + "; ".join(errors[-len(self.addresses):]))
