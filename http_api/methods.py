@@ -9,13 +9,13 @@ On a path that has a route:
 A path without a route is 404 NOT_FOUND whatever the method (Falcon's own answer, left alone).
 
 ``MethodCheck`` is request middleware: routing has found the resource when ``process_resource`` runs, so it sees
-which responders (``on_get``, ...) the resource has. ``MethodCheckAsync`` is the same for ``falcon.asgi.App``.
+which responders (``on_get``, ...) the resource has (``http_api/asgi.py`` serves it to ``falcon.asgi.App``).
 """
 from __future__ import annotations
 
 import falcon
 
-__all__ = ["MethodCheck", "MethodCheckAsync", "allowed_methods"]
+__all__ = ["MethodCheck", "allowed_methods"]
 
 _KNOWN = frozenset(falcon.COMBINED_METHODS) - {"OPTIONS", "WEBSOCKET"}
 
@@ -40,8 +40,3 @@ class MethodCheck:
             resp.complete = True   # no responder runs: httprouter answers OPTIONS itself, with no body
         elif not _serves(resource, req.method):
             raise falcon.HTTPMethodNotAllowed(allowed_methods(resource))
-
-
-class MethodCheckAsync(MethodCheck):
-    async def process_resource(self, req, resp, resource, params):
-        MethodCheck.process_resource(self, req, resp, resource, params)

@@ -23,7 +23,8 @@ from typing import Callable, Optional
 
 import falcon
 
-from http_api.methods import MethodCheck, MethodCheckAsync
+from http_api.asgi import AsyncMiddleware, AsyncResource, async_handler
+from http_api.methods import MethodCheck
 
 __all__ = ["create_app", "NsqdDeps", "ApiError", "PublishRefused", "NSQ_CONTENT_TYPE", "JSON_TYPE"]
 
@@ -96,12 +97,12 @@ def create_app(deps: NsqdDeps, asgi: bool = False):
     from http_api import nsqd_resources as R
 
     tls_only = int(getattr(deps.opts, "tls_required", 0)) == 2  # TLSRequired.REQUIRED ("tcp-https": HTTP open)
+    middleware = [_NsqHeader(), MethodCheck()] + ([_TlsRequired(deps)] if tls_only else [])
     if asgi:
         from falcon import asgi as falcon_asgi
-        app = falcon_asgi.App(middleware=[_NsqHeaderAsync(), MethodCheckAsync()] +
-                              ([_TlsRequiredAsync(deps)] if tls_only else []))
+        app = falcon_asgi.App(middleware=[AsyncMiddleware(m) for m in middleware])
     else:
-        app = falcon.App(middleware=[_NsqHeader(), MethodCheck()] + ([_TlsRequired(deps)] if tls_only else []))
+        app = falcon.App(middleware=middleware)
     app.req_options.auto_parse_qs_csv = False
 
     def on_api_error(req, resp, ex, params):
@@ -120,7 +121,7 @@ def create_app(deps: NsqdDeps, asgi: bool = False):
 
     # Falcon picks the most specific handler: ApiError, then its own HTTPErrors, then anything else
     for kind, handler in ((Exception, on_crash), (falcon.HTTPError, on_http_error), (ApiError, on_api_error)):
-        app.add_error_handler(kind, _async_handler(handler) if asgi else handler)
+        app.add_error_handler(kind, async_handler(handler) if asgi else handler)
 
     body_limit = max(deps.opts.max_body_size, deps.opts.max_msg_size) + 1
     routes = [("/ping", R.Ping(deps)), ("/info", R.Info(deps)), ("/stats", R.Stats(deps)), ("/pub", R.Pub(deps)),
@@ -129,7 +130,7 @@ def create_app(deps: NsqdDeps, asgi: bool = False):
         routes += [(f"/topic/{op}", R.TopicCommand(deps, op)), (f"/channel/{op}", R.ChannelCommand(deps, op))]
     routes += [("/config/{opt}", R.Config(deps)), ("/metrics", R.Metrics(deps))]
     for path, resource in routes:
-        app.add_route(path, _AsyncResource(resource, body_limit) if asgi else resource)
+        app.add_route(path, AsyncResource(resource, body_limit) if asgi else resource)
     return app
 
 
@@ -145,38 +146,3 @@ class _TlsRequired:
             resp.content_type = JSON_TYPE
             resp.text = self.body
             resp.complete = True
-
-
-class _TlsRequiredAsync(_TlsRequired):
-    async def process_request(self, req, resp):
-        _TlsRequired.process_request(self, req, resp)
-
-
-class _NsqHeaderAsync:
-    async def process_response(self, req, resp, resource, req_succeeded):
-        resp.set_header("X-NSQ-Content-Type", NSQ_CONTENT_TYPE)
-
-
-def _async_handler(handler):
-    async def run(req, resp, ex, params, ws=None):
-        handler(req, resp, ex, params)
-    return run
-
-
-class _AsyncResource:
-    """A synchronous resource's responders as coroutines: the body is read first (at most ``limit`` bytes, and
-    not at all when Content-Length already says it is too big), kept in ``req.context.body`` for ``_read``."""
-
-    def __init__(self, resource, limit):
-        for name in ("on_get", "on_post", "on_put"):
-            fn = getattr(resource, name, None)
-            if fn is not None:
-                setattr(self, name, self._wrap(fn, limit))
-
-    @staticmethod
-    def _wrap(fn, limit):
-        async def responder(req, resp, **params):
-            if (req.content_length or 0) < limit:
-                req.context.body = await req.stream.read(limit)
-            fn(req, resp, **params)
-        return responder

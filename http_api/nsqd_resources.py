@@ -41,7 +41,7 @@ def _json(resp, value) -> None:
 
 def _read(req, limit: int) -> bytes:
     """At most ``limit`` + 1 bytes of the body (one more than allowed tells "too big" without reading it all).
-    Under ASGI the body was read before (nsqd_app._AsyncResource)."""
+    Under ASGI the body was read before (http_api.asgi.AsyncResource)."""
     body = getattr(req.context, "body", None)
     if body is not None:
         return body[:limit + 1]

@@ -11,12 +11,14 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.sock import TCP6Socket, TCPSocket
 
+from http_api.asgi_worker import HeaderDeadlineWorker
 from http_api.gunicorn_log import NsqGunicornLog
 
 from nsqpy.process import die_with_parent, ignore_interrupt
 from workers.http import GRACEFUL, build_deps, http_slots
 
-_WORKER_CLASSES = {"sync": "sync", "gthread": "gthread", "asgi": "asgi"}
+# asgi: gunicorn's asgi worker with a bound on header time (http_api/asgi_worker.py); sync and gthread as gunicorn's
+_WORKER_CLASSES = {"sync": "sync", "gthread": "gthread", "asgi": HeaderDeadlineWorker}
 
 
 class _Log(NsqGunicornLog):

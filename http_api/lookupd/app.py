@@ -1,6 +1,7 @@
 """nsqlookupd's HTTP API (spec 4.2) as a Falcon app (``server.py`` runs it under gunicorn).
 
     app = create_app(queries, log)     # queries: anything with call(op, *args) -> (status, body)
+    app = create_app(queries, log, asgi=True)   # the same as a falcon.asgi.App (gunicorn's asgi worker)
 
 Resources are thin: each route names the operation and its arguments (``ROUTES``), checks the arguments as
 nsqlookupd does (query string only, Go's parsing: ``http_api/query.py``) and asks ``queries``, which in the
@@ -21,6 +22,7 @@ import time
 
 import falcon
 
+from http_api.asgi import AsyncMiddleware, AsyncResource, async_handler
 from http_api.methods import MethodCheck
 from http_api.query import BadQuery, parse_query
 from nsqpy.config.duration import format_duration
@@ -130,9 +132,17 @@ class RequestLog:
         if self.log is None or started is None:
             return
         uri = req.path + (f"?{req.query_string}" if req.query_string else "")
-        remote = f"{req.remote_addr}:{req.env.get('REMOTE_PORT', '')}".rstrip(":")
+        remote = f"{req.remote_addr}:{_remote_port(req)}".rstrip(":")
         status = str(resp.status)[:3]  # an int, or a "404 Not Found" string
         self.log.info(f"{status} {req.method} {uri} ({remote}) {format_duration(time.perf_counter_ns() - started)}")
+
+
+def _remote_port(req):
+    env = getattr(req, "env", None)  # WSGI; ASGI has the scope's client (host, port)
+    if env is not None:
+        return env.get("REMOTE_PORT", "")
+    client = req.scope.get("client") or ("", "")
+    return client[1]
 
 
 def _error_handler(log):
@@ -156,13 +166,23 @@ def _error_handler(log):
     return on_error
 
 
-def create_app(queries, log=None) -> falcon.App:
-    app = falcon.App(middleware=[RequestLog(log), MethodCheck()])
+def create_app(queries, log=None, asgi=False):
+    """The WSGI app, or with ``asgi`` the same resources as a ``falcon.asgi.App`` (``http_api/asgi.py``: each
+    request's registry round trip then runs on the worker's event loop)."""
+    middleware = [RequestLog(log), MethodCheck()]
+    if asgi:
+        from falcon import asgi as falcon_asgi
+        app = falcon_asgi.App(middleware=[AsyncMiddleware(m) for m in middleware])
+    else:
+        app = falcon.App(middleware=middleware)
     app.resp_options.default_media_type = None  # every reply sets its own (or none, as NSQ's empty 200)
-    app.add_route("/ping", Ping())
-    for path, (method, op, args) in ROUTES.items():
-        app.add_route(path, (GetQuery if method == "GET" else PostQuery)(queries, op, args))
+    routes = [("/ping", Ping())] + [(path, (GetQuery if method == "GET" else PostQuery)(queries, op, args))
+                                    for path, (method, op, args) in ROUTES.items()]
+    for path, resource in routes:
+        app.add_route(path, AsyncResource(resource) if asgi else resource)
     handler = _error_handler(log)
+    if asgi:
+        handler = async_handler(handler)
     app.add_error_handler(Exception, handler)
     app.add_error_handler(falcon.HTTPError, handler)  # Falcon's own default for these is more specific
     return app

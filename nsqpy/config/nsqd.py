@@ -220,7 +220,11 @@ class NsqdOptions(DaemonOptions):
     http_worker_class: str = option(Choice({"sync": "sync", "gthread": "gthread", "asgi": "asgi"},
                                            "must be sync, gthread or asgi"), "asgi",
                                     "nsqpy only: gunicorn worker class of the HTTP API: asgi (the fastest, "
-                                    "benchmarks/results/http_bench.json), sync or gthread (8 threads each)",
+                                    "benchmarks/results/http_bench.json; an event loop per worker, so clients "
+                                    "that send requests slowly hold no worker, and a request's headers must "
+                                    "arrive within 10 s), sync or gthread (8 threads each); sync and gthread are "
+                                    "exposed to slow clients: one holds a sync worker until gunicorn's 60 s "
+                                    "timeout restarts it, and 20 left gthread answering 5 of 7 requests",
                                     nsqpy_only=True)
     producer_placement: str = option(Choice({"auto": "auto", "spread": "spread", "owner": "owner"},
                                             "must be auto, spread or owner"),

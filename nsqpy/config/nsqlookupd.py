@@ -25,4 +25,6 @@ class NsqlookupdOptions(DaemonOptions):
 
     # nsqpy's own options: not in NSQ; each help says so.
     http_workers: int = option(Int(1, 64), 2, "nsqpy only: gunicorn worker processes serving the HTTP API (they "
-                               "all read the one registration database of the registry process)", nsqpy_only=True)
+                               "all read the one registration database of the registry process); asgi workers, "
+                               "as nsqd's default: clients that send requests slowly hold no worker, and a "
+                               "request's headers must arrive within 10 s", nsqpy_only=True)

@@ -10,7 +10,7 @@ KILL):
                  reported ready
     registry     owns the registration database; serves V1 to nsqd nodes and the HTTP workers' queries
                  (nsqpy/lookupd/registry.py)
-    http         gunicorn's arbiter and its ``--http-workers`` sync workers running the Falcon app
+    http         gunicorn's arbiter and its ``--http-workers`` asgi workers running the Falcon app
                  (http_api/lookupd/); each request is answered from the registry, so every worker sees the
                  same registrations
 

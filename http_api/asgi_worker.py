@@ -1,0 +1,84 @@
+"""gunicorn's asgi worker with a bound on the time a request's headers may take: the worker class of nsqd's HTTP API
+by default (``--http-worker-class=asgi``) and of nsqlookupd's.
+
+Why: an asgi worker serves every connection from one event loop, so a client that sends its request slowly holds
+a connection, not the worker (Go's net/http, a goroutine per connection, is as unaffected); but gunicorn's asgi
+worker bounds neither the first request's headers nor a connection that never sends any, so each slow client
+would be kept for as long as it trickles. Here a connection is closed (nothing is answered: no request was read)
+when a request's headers are not complete HEADER_TIMEOUT after its first byte, or after the connection was made
+for its first request. Between requests gunicorn's keep-alive timeout applies, and once the headers are in, the
+body's wait is gunicorn's (its ``timeout``).
+
+How: ``HeaderDeadlineProtocol`` is gunicorn's ``ASGIProtocol`` plus one loop timer. It is armed when the
+connection is made and at the first byte received while no request is being answered; it is cancelled when the
+application is called, which gunicorn does once a request's headers are parsed. The worker class puts the
+protocol in place in the worker process (gunicorn's asgi worker builds ``gunicorn.workers.gasgi.ASGIProtocol``
+for each connection), before it serves. ``tests/lookupd/test_lookupd_slow_clients.py`` and
+``tests/http/test_nsqd_slow_clients.py`` check the bound against real servers, so a gunicorn that stops building
+its connections this way fails a test instead of losing the bound.
+
+Resource handling: the timer belongs to the connection and is cancelled when it is lost.
+"""
+from __future__ import annotations
+
+from gunicorn.asgi.protocol import ASGIProtocol
+from gunicorn.workers import gasgi
+
+__all__ = ["HeaderDeadlineWorker", "HeaderDeadlineProtocol", "HEADER_TIMEOUT"]
+
+HEADER_TIMEOUT = 10.0   # seconds a request's headers may take (a real client sends them in one segment)
+
+
+class HeaderDeadlineProtocol(ASGIProtocol):
+    timeout = HEADER_TIMEOUT
+
+    def __init__(self, worker):
+        super().__init__(worker)
+        self._deadline = None
+        self._answering = 0       # application calls under way on this connection
+        app = self.app
+
+        async def app_called(scope, receive, send):
+            if scope.get("type") == "http":
+                self._cancel_deadline()  # the headers are in
+                self._answering += 1
+                try:
+                    await app(scope, receive, send)
+                finally:
+                    self._answering -= 1
+            else:
+                await app(scope, receive, send)
+        self.app = app_called
+
+    def connection_made(self, transport):
+        super().connection_made(transport)
+        self._arm_deadline()
+
+    def data_received(self, data):
+        if self._deadline is None and not self._answering:
+            self._arm_deadline()   # the first byte of the next request
+        super().data_received(data)
+
+    def connection_lost(self, exc):
+        self._cancel_deadline()
+        super().connection_lost(exc)
+
+    def _arm_deadline(self):
+        self._cancel_deadline()
+        self._deadline = self.worker.loop.call_later(self.timeout, self._expired)
+
+    def _cancel_deadline(self):
+        if self._deadline is not None:
+            self._deadline.cancel()
+            self._deadline = None
+
+    def _expired(self):
+        self._deadline = None
+        if self.transport is not None and not self.transport.is_closing():
+            self.transport.close()
+
+
+class HeaderDeadlineWorker(gasgi.ASGIWorker):
+    def init_process(self):
+        gasgi.ASGIProtocol = HeaderDeadlineProtocol  # this worker process builds its connections with it
+        super().init_process()
