@@ -22,7 +22,8 @@ from nsqpy.client import Config, Consumer, InvalidName
 from nsqpy.client.config import VERSION
 from nsqpy.config.duration import SECOND, parse_duration
 
-__all__ = ["normalize_argv", "duration", "add_consumer_flags", "consumer_options", "producer_options",
+__all__ = ["normalize_argv", "duration", "add_consumer_flags", "add_producer_flags", "add_http_timeouts",
+           "consumer_options", "producer_options",
            "run_consumers", "Status", "fail", "ToolError", "entry_point", "parser"]
 
 log = logging.getLogger("nsqpy.tools")
@@ -92,6 +93,19 @@ def add_consumer_flags(p: argparse.ArgumentParser, channel_default: str | None, 
     p.add_argument("--max-in-flight", type=int, default=200, help="max number of messages to allow in flight")
     p.add_argument("--consumer-opt", action="append", default=[], metavar="KEY,VALUE",
                    help="option to pass through to the consumer (may be given multiple times)")
+
+
+def add_producer_flags(p: argparse.ArgumentParser) -> None:
+    p.add_argument("--producer-opt", action="append", default=[], metavar="KEY,VALUE",
+                   help="option to pass through to the producer, e.g. write_timeout,2s (may be given multiple "
+                   "times)")
+
+
+def add_http_timeouts(p: argparse.ArgumentParser, request: float) -> None:
+    """NSQ's two HTTP client timeouts; urllib has one, so each request may take up to their sum."""
+    p.add_argument("--http-client-connect-timeout", type=duration, default=2.0,
+                   help="HTTP connect timeout (each request may take up to this plus the request timeout)")
+    p.add_argument("--http-client-request-timeout", type=duration, default=request, help="HTTP request timeout")
 
 
 def check_sources(p: argparse.ArgumentParser, args) -> None:

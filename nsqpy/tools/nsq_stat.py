@@ -17,7 +17,7 @@ import urllib.error
 
 from nsqpy.client.errors import describe
 from nsqpy.client.lookupd import http_get_json, lookup_url
-from nsqpy.tools.common import duration, entry_point, fail, normalize_argv, parser
+from nsqpy.tools.common import add_http_timeouts, duration, entry_point, fail, normalize_argv, parser
 
 FIELDS = ("depth", "backend_depth", "in_flight_count", "deferred_count", "requeue_count", "timeout_count",
           "message_count", "client_count")
@@ -126,8 +126,7 @@ def main(argv=None) -> int:
                    "given multiple times)")
     p.add_argument("--interval", type=duration, default=2.0, help="duration of time between polling/printing")
     p.add_argument("--count", type=int, default=0, help="number of reports (0: until SIGINT/SIGTERM)")
-    p.add_argument("--http-client-connect-timeout", type=duration, default=2.0)
-    p.add_argument("--http-client-request-timeout", type=duration, default=5.0)
+    add_http_timeouts(p, request=5.0)
     args = p.parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
     if not args.topic or not args.channel:
         fail(p, "--topic and --channel are required")

@@ -16,8 +16,8 @@ import threading
 
 from nsqpy.client import Consumer
 from nsqpy.client.lookupd import http_get_json
-from nsqpy.tools.common import (add_consumer_flags, consumer_options, duration, entry_point, fail, normalize_argv,
-                                parser, setup_logging)
+from nsqpy.tools.common import (add_consumer_flags, add_http_timeouts, consumer_options, duration, entry_point,
+                                fail, normalize_argv, parser, setup_logging)
 from nsqpy.tools.file_logger import FileLogger
 
 
@@ -98,10 +98,9 @@ def main(argv=None) -> int:
     p.add_argument("--sync-interval", type=duration, default=30.0, help="sync file to disk every duration")
     p.add_argument("--skip-empty-files", action="store_true", help="skip writing empty files (files are "
                    "always opened on their first message here)")
-    p.add_argument("--log-level", default="info")
-    p.add_argument("--log-prefix", default="[nsq_to_file] ")
-    p.add_argument("--http-client-connect-timeout", type=duration, default=2.0)
-    p.add_argument("--http-client-request-timeout", type=duration, default=5.0)
+    p.add_argument("--log-level", default="info", help="debug, info, warning or error")
+    p.add_argument("--log-prefix", default="[nsq_to_file] ", help="prefix of the closing summary line")
+    add_http_timeouts(p, request=5.0)
     args = p.parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
     setup_logging(args.log_level)
     if bool(args.nsqd_tcp_address) == bool(args.lookupd_http_address):

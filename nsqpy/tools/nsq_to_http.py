@@ -19,8 +19,8 @@ import urllib.request
 
 from nsqpy.client import Consumer
 from nsqpy.client.errors import describe
-from nsqpy.tools.common import (Status, add_consumer_flags, check_sources, consumer_options, duration, entry_point,
-                                fail, normalize_argv, parser, run_consumers, setup_logging)
+from nsqpy.tools.common import (Status, add_consumer_flags, add_http_timeouts, check_sources, consumer_options,
+                                entry_point, fail, normalize_argv, parser, run_consumers, setup_logging)
 
 log = logging.getLogger("nsqpy.tools")
 
@@ -85,12 +85,13 @@ def main(argv=None) -> int:
                    "given multiple times)")
     p.add_argument("--content-type", default="application/octet-stream", help="Content-Type of POSTs")
     p.add_argument("--header", action="append", default=[], help="extra header k=v (may be given multiple times)")
-    p.add_argument("--mode", default="hostpool", choices=["round-robin", "hostpool", "epsilon-greedy"])
+    p.add_argument("--mode", default="hostpool", choices=["round-robin", "hostpool", "epsilon-greedy"],
+                   help="round-robin: the URLs in turn; hostpool (epsilon-greedy is the same here): one URL, "
+                   "moving to the next after a failure")
     p.add_argument("-n", "--concurrency", dest="n", type=int, default=100, help="number of concurrent publishers")
     p.add_argument("--sample", type=float, default=1.0, help="fraction of messages to send (0.0-1.0)")
     p.add_argument("--status-every", type=int, default=250, help="print a status line every N messages (0: off)")
-    p.add_argument("--http-client-connect-timeout", type=duration, default=2.0)
-    p.add_argument("--http-client-request-timeout", type=duration, default=20.0)
+    add_http_timeouts(p, request=20.0)
     args = p.parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
     setup_logging()
     check_sources(p, args)

@@ -1,9 +1,11 @@
 """nsq_to_nsq: relay topics from one set of nsqds to another, optionally filtering JSON messages.
 
 A message is FINed only after the destination acknowledged the PUB; a failed PUB is logged as one line and
-the message is requeued. A destination that cannot be reached at the start ends the tool at once (one line, exit
-status 1); on SIGINT/SIGTERM the producers stop first, so handlers waiting on a dead destination requeue their
-messages at once instead of holding the stop up. With --require-json-field, a message that is not a JSON object holding that field (equal to
+the message is requeued. A destination that cannot be reached at the start ends the tool at once (one line,
+exit status 1); on SIGINT/SIGTERM the producers stop first, so handlers waiting on a dead destination requeue
+their messages at once instead of holding the stop up.
+
+With --require-json-field, a message that is not a JSON object holding that field (equal to
 --require-json-value when given) is FINed without being relayed; --whitelist-json-field keeps only the listed
 fields.
 """
@@ -18,9 +20,9 @@ import threading
 
 from nsqpy.client import ClientError, Consumer, Producer, ProtocolError
 from nsqpy.client.errors import check_name
-from nsqpy.tools.common import (Status, ToolError, add_consumer_flags, check_sources, consumer_options,
-                                entry_point, fail, normalize_argv, parser, producer_options, run_consumers,
-                                setup_logging)
+from nsqpy.tools.common import (Status, ToolError, add_consumer_flags, add_producer_flags, check_sources,
+                                consumer_options, entry_point, fail, normalize_argv, parser, producer_options,
+                                run_consumers, setup_logging)
 
 log = logging.getLogger("nsqpy.tools")
 
@@ -53,12 +55,17 @@ def main(argv=None) -> int:
     p.add_argument("--destination-nsqd-tcp-address", action="append", default=[],
                    help="destination nsqd TCP address (may be given multiple times)")
     p.add_argument("--destination-topic", default="", help="destination topic (default: the source topic)")
-    p.add_argument("--mode", default="hostpool", choices=["round-robin", "hostpool", "epsilon-greedy"])
-    p.add_argument("--require-json-field", default="")
-    p.add_argument("--require-json-value", default="")
-    p.add_argument("--whitelist-json-field", action="append", default=[])
-    p.add_argument("--status-every", type=int, default=250)
-    p.add_argument("--producer-opt", action="append", default=[], metavar="KEY,VALUE")
+    p.add_argument("--mode", default="hostpool", choices=["round-robin", "hostpool", "epsilon-greedy"],
+                   help="round-robin: one producer per destination, used in turn; hostpool (epsilon-greedy is "
+                   "the same here): one producer failing over along the list and back to the first")
+    p.add_argument("--require-json-field", default="", help="relay only JSON objects holding this field (the "
+                   "others are FINed without being relayed)")
+    p.add_argument("--require-json-value", default="", help="with --require-json-field: relay only when the "
+                   "field equals this value (compared as text)")
+    p.add_argument("--whitelist-json-field", action="append", default=[], help="relay only these fields of JSON "
+                   "objects (may be given multiple times)")
+    p.add_argument("--status-every", type=int, default=250, help="print a status line every N messages (0: off)")
+    add_producer_flags(p)
     args = p.parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
     setup_logging()
     check_sources(p, args)

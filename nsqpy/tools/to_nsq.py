@@ -16,7 +16,8 @@ import time
 
 from nsqpy.client import ClientError, Producer, ProtocolError
 from nsqpy.client.errors import check_name
-from nsqpy.tools.common import ToolError, entry_point, fail, normalize_argv, parser, producer_options, setup_logging
+from nsqpy.tools.common import (ToolError, add_producer_flags, entry_point, fail, normalize_argv, parser,
+                                producer_options, setup_logging)
 
 WINDOW = 1000   # publishes in flight per nsqd before the reader waits for the oldest reply
 HINTS = {   # what to do about the errors nsqd gives for a record
@@ -50,7 +51,7 @@ def main(argv=None) -> int:
                    "be given multiple times; every record goes to every address)")
     p.add_argument("--delimiter", default="\n", help="character to split input from stdin")
     p.add_argument("--rate", type=int, default=0, help="throttle messages per second (0: unlimited)")
-    p.add_argument("--producer-opt", action="append", default=[], metavar="KEY,VALUE")
+    add_producer_flags(p)
     args = p.parse_args(normalize_argv(sys.argv[1:] if argv is None else argv))
     setup_logging()
     if not args.nsqd_tcp_address:
