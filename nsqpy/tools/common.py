@@ -18,12 +18,13 @@ import sys
 import threading
 import time
 
-from nsqpy.client import Config, Consumer, InvalidName
+from nsqpy.client import ClientError, Config, Consumer, InvalidName, Producer
 from nsqpy.client.config import VERSION
+from nsqpy.client.errors import check_name
 from nsqpy.config.duration import SECOND, parse_duration
 
 __all__ = ["normalize_argv", "duration", "add_consumer_flags", "add_producer_flags", "add_http_timeouts",
-           "consumer_options", "producer_options",
+           "consumer_options", "producer_options", "connect_or_fail", "check_nsqds", "check_names",
            "run_consumers", "Status", "fail", "ToolError", "entry_point", "parser"]
 
 log = logging.getLogger("nsqpy.tools")
@@ -113,6 +114,15 @@ def check_sources(p: argparse.ArgumentParser, args) -> None:
         fail(p, "--topic is required")
     if bool(args.nsqd_tcp_address) == bool(args.lookupd_http_address):
         fail(p, "use --nsqd-tcp-address or --lookupd-http-address, not both (and one is required)")
+    check_names(args)
+
+
+def check_names(args) -> None:
+    """InvalidName for a bad --topic or --channel, before anything is dialled."""
+    for topic in args.topic:
+        check_name("topic", topic)
+    if args.channel:
+        check_name("channel", args.channel)
 
 
 def _options(p, pairs, base: dict) -> dict:
@@ -133,6 +143,26 @@ def _options(p, pairs, base: dict) -> dict:
         else:
             out[key] = value
     return out
+
+
+def connect_or_fail(producers, flag: str, what: str = "") -> None:
+    """Dial each producer now, trying each of its addresses once; a ToolError naming `flag` if one cannot."""
+    for producer in producers:
+        try:
+            producer.connect(timeout=0)
+        except ClientError as err:
+            raise ToolError(f"{what}{err}; start nsqd there or fix {flag}") from None
+
+
+def check_nsqds(args, options: dict) -> None:
+    """NSQ's consumer tools end at once when an --nsqd-tcp-address does not answer (go-nsq's ConnectToNSQDs
+    fails): dial each once, with the consumer's options (TLS, AUTH), before any consumer starts."""
+    for address in args.nsqd_tcp_address:
+        probe = Producer([address], **options)
+        try:
+            connect_or_fail([probe], "--nsqd-tcp-address")
+        finally:
+            probe.close()
 
 
 def consumer_options(p, args) -> dict:

@@ -13,8 +13,8 @@ import threading
 
 from nsqpy.client import Consumer
 from nsqpy.client.errors import describe
-from nsqpy.tools.common import (ToolError, add_consumer_flags, check_sources, consumer_options, entry_point,
-                                normalize_argv, parser, run_consumers, setup_logging)
+from nsqpy.tools.common import (ToolError, add_consumer_flags, check_nsqds, check_sources, consumer_options,
+                                entry_point, normalize_argv, parser, run_consumers, setup_logging)
 
 
 @entry_point("nsq_tail")
@@ -31,6 +31,7 @@ def main(argv=None) -> int:
     if args.total_messages and args.total_messages < args.max_in_flight:
         args.max_in_flight = args.total_messages   # as NSQ's: no more in flight than will be shown
     options = consumer_options(p, args)
+    check_nsqds(args, options)
     out = sys.stdout.buffer
     lock = threading.Lock()
     stop = threading.Event()

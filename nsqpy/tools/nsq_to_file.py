@@ -16,8 +16,8 @@ import threading
 
 from nsqpy.client import Consumer
 from nsqpy.client.lookupd import http_get_json
-from nsqpy.tools.common import (add_consumer_flags, add_http_timeouts, consumer_options, duration, entry_point,
-                                fail, normalize_argv, parser, setup_logging)
+from nsqpy.tools.common import (add_consumer_flags, add_http_timeouts, check_names, check_nsqds, consumer_options,
+                                duration, entry_point, fail, normalize_argv, parser, setup_logging)
 from nsqpy.tools.file_logger import FileLogger
 
 
@@ -111,7 +111,9 @@ def main(argv=None) -> int:
         fail(p, "give --topic or --topic-pattern")
     if not 1 <= args.gzip_level <= 9:
         fail(p, "--gzip-level must be 1-9")
+    check_names(args)
     options = consumer_options(p, args)
+    check_nsqds(args, options)
     archiver = Archiver(args)
     stop = threading.Event()
     consumers: dict[str, Consumer] = {}

@@ -19,8 +19,9 @@ import urllib.request
 
 from nsqpy.client import Consumer
 from nsqpy.client.errors import describe
-from nsqpy.tools.common import (Status, add_consumer_flags, add_http_timeouts, check_sources, consumer_options,
-                                entry_point, fail, normalize_argv, parser, run_consumers, setup_logging)
+from nsqpy.tools.common import (Status, add_consumer_flags, add_http_timeouts, check_nsqds, check_sources,
+                                consumer_options, entry_point, fail, normalize_argv, parser, run_consumers,
+                                setup_logging)
 
 log = logging.getLogger("nsqpy.tools")
 
@@ -101,6 +102,8 @@ def main(argv=None) -> int:
         fail(p, "--topic is required (once)")
     if not 0.0 <= args.sample <= 1.0:
         fail(p, "--sample must be between 0.0 and 1.0")
+    options = consumer_options(p, args)
+    check_nsqds(args, options)
     publisher = Publisher(args)
     status = Status("nsq_to_http", args.status_every)
 
@@ -115,8 +118,7 @@ def main(argv=None) -> int:
         status.tick()
 
     consumer = Consumer(args.topic[0], args.channel, handle, nsqd_tcp_addresses=args.nsqd_tcp_address,
-                        lookupd_http_addresses=args.lookupd_http_address, concurrency=args.n,
-                        **consumer_options(p, args))
+                        lookupd_http_addresses=args.lookupd_http_address, concurrency=args.n, **options)
     run_consumers([consumer], threading.Event())
     print(f"[nsq_to_http] sent {status.total} messages", file=sys.stderr)
     return 0

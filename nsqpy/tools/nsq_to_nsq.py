@@ -20,9 +20,9 @@ import threading
 
 from nsqpy.client import ClientError, Consumer, Producer, ProtocolError
 from nsqpy.client.errors import check_name
-from nsqpy.tools.common import (Status, ToolError, add_consumer_flags, add_producer_flags, check_sources,
-                                consumer_options, entry_point, fail, normalize_argv, parser, producer_options,
-                                run_consumers, setup_logging)
+from nsqpy.tools.common import (Status, ToolError, add_consumer_flags, add_producer_flags, check_nsqds,
+                                check_sources, connect_or_fail, consumer_options, entry_point, fail,
+                                normalize_argv, parser, producer_options, run_consumers, setup_logging)
 
 log = logging.getLogger("nsqpy.tools")
 
@@ -81,11 +81,11 @@ def main(argv=None) -> int:
     else:                             # one producer failing over along the list (hostpool)
         producers = [Producer(args.destination_nsqd_tcp_address, **options)]
     try:
-        for producer in producers:
-            producer.connect(timeout=0)   # one try of each address: say at once that none is there
-    except ClientError as err:
+        connect_or_fail(producers, "--destination-nsqd-tcp-address", "destination: ")
+        check_nsqds(args, consumer_options(p, args))
+    except ToolError:
         close_all(producers)
-        raise ToolError(f"destination: {err}; start nsqd there or fix --destination-nsqd-tcp-address") from None
+        raise
     turn = itertools.cycle(producers)
     lock = threading.Lock()
     status = Status("nsq_to_nsq", args.status_every)

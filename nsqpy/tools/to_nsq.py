@@ -16,8 +16,8 @@ import time
 
 from nsqpy.client import ClientError, Producer, ProtocolError
 from nsqpy.client.errors import check_name
-from nsqpy.tools.common import (ToolError, add_producer_flags, entry_point, fail, normalize_argv, parser,
-                                producer_options, setup_logging)
+from nsqpy.tools.common import (ToolError, add_producer_flags, connect_or_fail, entry_point, fail, normalize_argv,
+                                parser, producer_options, setup_logging)
 
 WINDOW = 1000   # publishes in flight per nsqd before the reader waits for the oldest reply
 HINTS = {   # what to do about the errors nsqd gives for a record
@@ -62,11 +62,7 @@ def main(argv=None) -> int:
     options = producer_options(p, args)
     producers = [Producer([a], **options) for a in args.nsqd_tcp_address]
     try:
-        for producer, address in zip(producers, args.nsqd_tcp_address):
-            try:
-                producer.connect(timeout=0)    # one try: say at once that nsqd is not there
-            except ClientError as err:
-                raise ToolError(f"{err}; start nsqd there or fix --nsqd-tcp-address") from None
+        connect_or_fail(producers, "--nsqd-tcp-address")   # say at once that an nsqd is not there
         count = publish_all(producers, args)
     finally:
         for producer in producers:

@@ -37,6 +37,13 @@ BAD_CASES = [
      [f"{DEAD}: connection refused", "start nsqd there or fix --nsqd-tcp-address"]),
     ("to_nsq", ["--topic=bad topic!", f"--nsqd-tcp-address={DEAD}"], b"hi\n",
      ["invalid topic name 'bad topic!'", "[.a-zA-Z0-9_-]"]),
+    ("nsq_tail", ["--topic=t", f"--nsqd-tcp-address={DEAD}"], b"",       # go-nsq's ConnectToNSQDs fails too
+     [f"{DEAD}: connection refused", "start nsqd there or fix --nsqd-tcp-address"]),
+    ("nsq_to_file", ["--topic=t", f"--nsqd-tcp-address={DEAD}"], b"", [f"{DEAD}: connection refused"]),
+    ("nsq_to_http", ["--topic=t", f"--nsqd-tcp-address={DEAD}", "--post=http://x/"], b"",
+     [f"{DEAD}: connection refused"]),
+    ("nsq_to_file", ["--topic=t", "--channel=#ephemeral", f"--nsqd-tcp-address={DEAD}"], b"",
+     ["invalid channel name '#ephemeral'"]),
     ("nsq_tail", ["--topic=bad topic!", f"--nsqd-tcp-address={DEAD}"], b"",
      ["invalid topic name 'bad topic!'", "1-64 characters"]),
     ("nsq_tail", ["--topic=t", "--channel=a/b", f"--nsqd-tcp-address={DEAD}"], b"",
