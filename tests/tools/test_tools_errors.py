@@ -158,6 +158,7 @@ def test_nsq_to_nsq_stops_promptly_on_sigterm_while_its_destination_is_down(nsqd
     # the handler's publish was dialling the dead destination (for up to connect_timeout, 10 s): stopping the
     # producers first ends it at once, and the message goes back to the source
     assert took < 8, took
+    print(f"nsq_to_nsq SIGTERM to exit with a handler dialling a dead destination: {took:.2f}s")
     wait_until(lambda: _channel(source, topic, "nsq_to_nsq").get("depth", 0)
                + _channel(source, topic, "nsq_to_nsq").get("deferred_count", 0) == 1,
                what="the message requeued on the source")
