@@ -26,8 +26,8 @@ a session sets ``stats_extra`` to a new dict when they change.
 Registrations (what nsqlookupd is told) are published at once: a topic or channel created or deleted is marked
 with ``structure_changed`` (``Worker.get_topic``/``delete_topic``, ``Topic.get_channel``/``delete_channel``), and
 the ``poll`` of that loop iteration writes those topics' rows and then writes the lookupd link's eventfd
-(``plan.lookupd_wake``, only when nsqd registers with a lookupd: ``workers/lookupd_link.py``), so the link
-registers within milliseconds instead of a publication period later. Nothing of this runs per message.
+(``plan.lookupd_wake``: ``workers/lookupd_link.py``), so the link registers within milliseconds instead of a
+publication period later. Nothing of this runs per message, nor at all when nsqd registers with no lookupd.
 
 When: ``poll`` runs at the end of every loop iteration (``Worker._idle``). Its fast path is one read of the
 board's REQUEST word: a reader asking for fresh numbers is answered in that iteration (after the rings that
@@ -157,9 +157,10 @@ class StatsPublisher:
 
     def structure_changed(self, name):
         """Topic ``name`` was created or deleted, or a channel of it: publish it in this loop iteration and tell
-        the lookupd link (module docstring)."""
+        the lookupd link (module docstring); without a link, with the next publication as any change."""
         self.changed.add(name)
-        self.structural.add(name)
+        if self._lookupd_wake is not None:
+            self.structural.add(name)
 
     def requested(self):
         """A reader is waiting for a publication (one shared word)."""
