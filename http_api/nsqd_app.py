@@ -23,28 +23,12 @@ from typing import Callable, Optional
 
 import falcon
 
+from http_api import nsqd_resources as R
 from http_api.asgi import AsyncMiddleware, AsyncResource, async_handler
 from http_api.methods import MethodCheck
+from http_api.nsqd_errors import JSON_TYPE, NSQ_CONTENT_TYPE, ApiError, PublishRefused
 
 __all__ = ["create_app", "NsqdDeps", "ApiError", "PublishRefused", "NSQ_CONTENT_TYPE", "JSON_TYPE"]
-
-NSQ_CONTENT_TYPE = "nsq; version=1.0"
-JSON_TYPE = "application/json; charset=utf-8"
-
-
-class ApiError(Exception):
-    """An nsqd HTTP error: ``status`` and the ``message`` code of its JSON body (``plain``: a text body, as
-    /ping's ``NOK - ...``)."""
-
-    def __init__(self, status: int, message: str, plain: bool = False):
-        super().__init__(message)
-        self.status = status
-        self.message = message
-        self.plain = plain
-
-
-class PublishRefused(RuntimeError):
-    """``deps.publish`` could not commit the messages (nsqd answers 503 EXITING for any failed PutMessage)."""
 
 
 @dataclasses.dataclass
@@ -94,8 +78,6 @@ def create_app(deps: NsqdDeps, asgi: bool = False):
     ``falcon.asgi.App`` (gunicorn's asgi worker): each responder there reads the body first, then runs the same
     synchronous code (it blocks the event loop only while it waits for the broker: a ring commit, a fresh stats
     snapshot, a command's answer)."""
-    from http_api import nsqd_resources as R
-
     tls_only = int(getattr(deps.opts, "tls_required", 0)) == 2  # TLSRequired.REQUIRED ("tcp-https": HTTP open)
     middleware = [_NsqHeader(), MethodCheck()] + ([_TlsRequired(deps)] if tls_only else [])
     if asgi:

@@ -13,7 +13,7 @@ import struct
 
 import falcon
 
-from http_api.nsqd_app import JSON_TYPE, ApiError, PublishRefused
+from http_api.nsqd_errors import JSON_TYPE, ApiError, PublishRefused
 from http_api.query import BOOL_PARAMS, BadQuery, parse_bool, parse_query
 from nsqpy.protocol.names import is_valid_name
 

@@ -387,7 +387,7 @@ def warm_up():
     import socket
     from nsqpy.protocol import client as enc
 
-    from workers.warmup import _Peer as Peer  # here: warmup imports this module
+    from workers.pump import PumpPeer as Peer
 
     rig = LaneRig()
     here, there = socket.socketpair()

@@ -36,7 +36,6 @@ from workers.plan import split_address
 WORKER_CLASSES = ("sync", "gthread", "asgi")
 PUBLISH_TIMEOUT = 10.0   # seconds a /pub waits for room in the owner's ring before 503 EXITING
 COMMAND_TIMEOUT = 10.0   # seconds a /topic/... or /channel/... waits for the owner's answer
-GRACEFUL = 3             # seconds gunicorn's workers get to finish their requests at shutdown
 
 
 def bind_http(opts):
@@ -85,10 +84,12 @@ def http_slots(plan) -> list:
 def http_main(plan, sock, restarted, ready_fd, log, version_line, workers, worker_class, threads, slots=None,
               tls=False):
     os.environ.pop("NOTIFY_SOCKET", None)
-    from workers.http_gunicorn import NsqdGunicorn
+    from workers.http_gunicorn import NsqdGunicorn  # here, not at the top: the supervisor never imports gunicorn
 
     level = SharedLevel(log.level)
-    NsqdGunicorn(plan, sock, ready_fd, log, level, version_line, workers, worker_class, threads, slots, tls).run()
+    slots = http_slots(plan) if slots is None else slots
+    deps = lambda slot: build_deps(plan, slot, log, level, version_line)  # noqa: E731 (in each gunicorn worker)
+    NsqdGunicorn(plan, sock, ready_fd, log, level, deps, workers, worker_class, threads, slots, tls).run()
 
 
 class SharedLevel:

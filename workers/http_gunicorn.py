@@ -15,7 +15,8 @@ from http_api.asgi_worker import HeaderDeadlineWorker
 from http_api.gunicorn_log import NsqGunicornLog
 
 from nsqpy.process import die_with_parent, ignore_interrupt
-from workers.http import GRACEFUL, build_deps, http_slots
+
+GRACEFUL = 3  # seconds gunicorn's workers get to finish their requests at shutdown
 
 # asgi: gunicorn's asgi worker with a bound on header time (http_api/asgi_worker.py); sync and gthread as gunicorn's
 _WORKER_CLASSES = {"sync": "sync", "gthread": "gthread", "asgi": HeaderDeadlineWorker}
@@ -26,15 +27,17 @@ class _Log(NsqGunicornLog):
 
 
 class NsqdGunicorn(BaseApplication):
-    def __init__(self, plan, sock, ready_fd, log, level, version_line, workers, worker_class, threads, slots=None,
-                 tls=False):
+    """The arbiter of nsqd's HTTP (or HTTPS) workers. ``deps(slot)`` builds the app's NsqdDeps in a worker, on
+    the producer slot it was given (workers/http.py's ``build_deps``); ``slots``: the ones its workers share."""
+
+    def __init__(self, plan, sock, ready_fd, log, level, deps, workers, worker_class, threads, slots, tls=False):
         self.plan = plan
         self.sock = sock
         self.ready_fd = ready_fd
         self.nsq_log = log
         self.level = level
-        self.version_line = version_line
-        self.slots = http_slots(plan) if slots is None else slots
+        self.deps = deps
+        self.slots = slots
         self.tls = tls  # the HTTPS arbiter: gunicorn wraps each accepted connection (--tls-cert, --tls-key)
         self.n_workers = max(1, min(workers, len(self.slots)))
         self.worker_class = worker_class
@@ -80,8 +83,7 @@ class NsqdGunicorn(BaseApplication):
     def load(self):
         from http_api.nsqd_app import create_app
 
-        deps = build_deps(self.plan, self.slot, self.nsq_log, self.level, self.version_line)
-        return create_app(deps, asgi=self.worker_class == "asgi")
+        return create_app(self.deps(self.slot), asgi=self.worker_class == "asgi")
 
     def run(self):
         arbiter = Arbiter(self)

@@ -369,6 +369,21 @@ def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, 
     return k, attention, m
 
 
+class PumpPeer:
+    """Just enough of a Session for the pump (what it reads and writes of one): warm-up's stand-in, in the
+    supervisor's warm-up (workers/warmup.py) and the lane's (workers/fastlane.py)."""
+
+    def __init__(self, fd):
+        self.fd = fd
+        self.wbuf = b""
+        self.pub_counts = {}
+        self.moved_in = False
+        self.data = []
+
+    def on_data(self, data):
+        self.data.append(data)
+
+
 class Pump:
     def __init__(self, max_msg_size, me=0, mode=OWNER, max_body_size=5 << 20, rates=(20_000, 40_000),
                  busy_share=0.8):

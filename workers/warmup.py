@@ -35,7 +35,7 @@ from nsqpy.protocol.v2_parser import V2Parser
 from workers import fastlane, kernels as K, records, stats
 from workers.deferred import DeferredStore, LocalChunks
 from workers.handover import OwnerNaps
-from workers.pump import Pump
+from workers.pump import Pump, PumpPeer
 from workers.scanner import apply_removes, apply_starts
 
 ID = b"0123456789abcdef"
@@ -190,26 +190,12 @@ def _rare(prefix):
     store.recover()  # entries still waiting: the heap is rebuilt from them
 
 
-class _Peer:
-    """Just enough of a Session for the pump."""
-
-    def __init__(self, fd):
-        self.fd = fd
-        self.wbuf = b""
-        self.pub_counts = {}
-        self.moved_in = False
-        self.data = []
-
-    def on_data(self, data):
-        self.data.append(data)
-
-
 def _pump():
     here, there = socket.socketpair()
     pump = Pump(1 << 20)
     try:
         here.setblocking(False)
-        peer = _Peer(here.fileno())
+        peer = PumpPeer(here.fileno())
         pump.add(peer, time.monotonic())
         pump.clean[peer.fd] = 1
         pump.learn_topic("t", 0)
