@@ -112,7 +112,7 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2, help="nsqd's --workers")
     p.add_argument("--out", default="")
     args = p.parse_args()
-    lk, lk_addr = start([sys.executable, "-m", "nsqpy.lookupd.main", "--tcp-address=127.0.0.1:0",
+    lk, lk_addr = start([sys.executable, "-m", "http_api.lookupd.main", "--tcp-address=127.0.0.1:0",
                          "--http-address=127.0.0.1:0"])
     data = tempfile.mkdtemp(prefix="lookupd_lag")
     try:

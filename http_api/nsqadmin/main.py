@@ -18,8 +18,8 @@ from urllib.parse import urlsplit
 
 from nsqpy.config.nsqadmin import NsqadminOptions
 from nsqpy.config.support import check_support
+from nsqpy.listeners import bind_listener, shown_address
 from nsqpy.log import Logger
-from nsqpy.lookupd.main import _bind, _shown
 from nsqpy.lookupd.queries import NSQ_VERSION
 from nsqpy.preflight import listen_error
 from nsqpy.sdnotify import Notifier
@@ -96,7 +96,7 @@ def main(argv=None) -> int:
     sup = Supervisor(log, notifier=notifier)
     sup.trap_stop_signals()
     try:
-        sock = _bind(opts.http_address)
+        sock = bind_listener(opts.http_address)
     except OSError as e:
         log.fatal(listen_error("--http-address", opts.http_address, e))
         return 1
@@ -107,8 +107,8 @@ def main(argv=None) -> int:
         sup.add("http", _http_child(opts, sock, log))
         sup.start()
         if sup.wait_ready():
-            log.info(f"HTTP: listening on {_shown(sock)}")
-            notifier.ready(f"serving HTTP on {_shown(sock)}")
+            log.info(f"HTTP: listening on {shown_address(sock)}")
+            notifier.ready(f"serving HTTP on {shown_address(sock)}")
         elif not sup.stop_requested:  # a stop asked for during start-up is a clean stop: run() makes it
             log.fatal("a process failed to start")
             sup.shutdown()

@@ -29,7 +29,7 @@ def _read_only(path):
 
 
 NSQD = [sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
-LOOKUPD = [sys.executable, "-m", "nsqpy.lookupd.main", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
+LOOKUPD = [sys.executable, "-m", "http_api.lookupd.main", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
 
 # (case, command builder(tmp_path, taken address) -> argv, words the one line must hold)
 CASES = [

@@ -11,8 +11,8 @@ KILL):
     registry     owns the registration database; serves V1 to nsqd nodes and the HTTP workers' queries
                  (nsqpy/lookupd/registry.py)
     http         gunicorn's arbiter and its ``--http-workers`` asgi workers running the Falcon app
-                 (http_api/lookupd/); each request is answered from the registry, so every worker sees the
-                 same registrations
+                 (http_api/lookupd/app.py, server.py); each request is answered from the registry, so every
+                 worker sees the same registrations
 
 Why this split: one owner makes consistency trivial (every read and write is one step of one event loop), and
 HTTP scales by workers that hold no state. The cost is one unix-socket round trip per HTTP request (measured in
@@ -28,6 +28,7 @@ import sys
 
 from nsqpy.config.nsqlookupd import NsqlookupdOptions
 from nsqpy.config.support import check_support
+from nsqpy.listeners import bind_listener, shown_address
 from nsqpy.log import Logger
 from nsqpy.lookupd.queries import NSQ_VERSION
 from nsqpy.preflight import listen_error
@@ -36,29 +37,9 @@ from nsqpy.sdnotify import Notifier
 __all__ = ["main", "version_string"]
 
 
-
 def version_string() -> str:
     return (f"nsqlookupd v{NSQ_VERSION}-nsqpy (built w/{platform.python_implementation().lower()}"
             f"{platform.python_version()})")
-
-
-def _bind(address: str) -> socket.socket:
-    host, _, port = address.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    try:
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, int(port)))
-        sock.listen(1024)
-    except BaseException:
-        sock.close()
-        raise
-    return sock
-
-
-def _shown(sock: socket.socket) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
 
 
 # Each child dies with the supervisor by SIGKILL (workers.supervisor forks it so): nothing to save, and its ports
@@ -101,7 +82,7 @@ def main(argv=None) -> int:
     try:
         for flag, address in (("--tcp-address", opts.tcp_address), ("--http-address", opts.http_address)):
             try:
-                listeners.append(_bind(address))
+                listeners.append(bind_listener(address))
             except OSError as e:
                 log.fatal(listen_error(flag, address, e))
                 return 1
@@ -124,9 +105,10 @@ def main(argv=None) -> int:
         sup.add("http", _http_child(opts, tcp, http, query, query_address, log))
         sup.start()
         if sup.wait_ready():
-            log.info(f"TCP: listening on {_shown(tcp)}")
-            log.info(f"HTTP: listening on {_shown(http)}")
-            notifier.ready(f"serving TCP on {_shown(tcp)}, HTTP on {_shown(http)}")  # every port bound, child up
+            log.info(f"TCP: listening on {shown_address(tcp)}")
+            log.info(f"HTTP: listening on {shown_address(http)}")
+            # every port bound, each child up
+            notifier.ready(f"serving TCP on {shown_address(tcp)}, HTTP on {shown_address(http)}")
         elif not sup.stop_requested:  # (a stop asked for during start-up is a clean stop: run() makes it)
             log.fatal("a process failed to start")
             sup.shutdown()

@@ -1,0 +1,28 @@
+"""A command's TCP listeners, bound by its supervisor before it forks (nsqlookupd's TCP and HTTP, nsqadmin's
+HTTP), and an address as NSQ's listening lines show it."""
+from __future__ import annotations
+
+import socket
+
+__all__ = ["bind_listener", "shown_address"]
+
+
+def bind_listener(address: str) -> socket.socket:
+    """A listening socket on ``host:port`` (``[v6]:port``; an empty host is every IPv4 address). OSError when
+    it cannot bind, ValueError when the port is not a number."""
+    host, _, port = address.rpartition(":")
+    host = host.strip("[]") or "0.0.0.0"
+    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
+    try:
+        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
+        sock.bind((host, int(port)))
+        sock.listen(1024)
+    except BaseException:
+        sock.close()
+        raise
+    return sock
+
+
+def shown_address(sock: socket.socket) -> str:
+    host, port = sock.getsockname()[:2]
+    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
