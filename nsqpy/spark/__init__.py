@@ -10,16 +10,9 @@
 pyspark, so they load only when `register` is called.
 """
 
-from nsqpy.spark.env import python_env, session
+from nsqpy.spark.env import python_env, register, session
 from nsqpy.spark.publisher import PublishError, PublishPartition, publish_partition
+from nsqpy.spark.schema import READ_SCHEMA
 
 __all__ = ["publish_partition", "PublishPartition", "PublishError", "register", "python_env", "session",
            "READ_SCHEMA"]
-
-READ_SCHEMA = "id string, timestamp timestamp, attempts int, body binary, topic string"
-
-
-def register(spark) -> None:
-    """Register the ``nsq`` data source with this SparkSession (`spark.dataSource.register`, Spark >= 4.0)."""
-    from nsqpy.spark.source import NsqDataSource
-    spark.dataSource.register(NsqDataSource)

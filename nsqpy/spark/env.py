@@ -11,7 +11,16 @@ from __future__ import annotations
 import os
 import sys
 
-__all__ = ["python_env", "session"]
+__all__ = ["python_env", "register", "session"]
+
+
+def register(spark) -> None:
+    """Register the ``nsq`` data source with this SparkSession (`spark.dataSource.register`, Spark >= 4.0)."""
+    from nsqpy.spark.source import NsqDataSource
+    spark.dataSource.register(NsqDataSource)
+
+
+_register = register  # session()'s parameter of the same name hides the function there
 
 
 def python_env() -> dict:
@@ -35,6 +44,5 @@ def session(master: str = "local[2]", app_name: str = "nsqpy", register: bool = 
         builder = builder.config("spark." + key.replace("_", "."), str(value))
     spark = builder.getOrCreate()
     if register:
-        from nsqpy.spark import register as _register
         _register(spark)
     return spark

@@ -30,7 +30,7 @@ from __future__ import annotations
 from pyspark.sql.datasource import (DataSource, DataSourceArrowWriter, DataSourceStreamArrowWriter,
                                     WriterCommitMessage)
 
-from nsqpy.spark import READ_SCHEMA
+from nsqpy.spark.schema import READ_SCHEMA
 from nsqpy.spark.publisher import PublishPartition, split_addresses
 
 __all__ = ["NsqDataSource", "NsqWriter", "NsqStreamWriter"]
