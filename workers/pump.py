@@ -15,7 +15,8 @@ numba, with libc called directly (``ipc.sysio``):
   MPUB, its size included, first gets one more ``recv`` for exactly the rest (``short_by``): epoll may wake
   us while a big command is still arriving, and by then the rest often has (a batch producer writes its MPUB
   in one call), which spares that command the parser's Python path. Whatever that recv brings, the read is
-  then judged as a whole, as before.
+  then judged as a whole, as before. The recognisers of a lone PUB or MPUB and ``short_by`` are V2 codec
+  kernels (``nsqpy/protocol/v2_recognisers.py``), held there to the parser's byte tables.
 * ``commit`` (the worker's idle step, once per loop iteration, before the buffer is reused) publishes each
   topic's staged bodies as one batch, straight from the buffer, and then ``_settle_and_send`` sends every OK in one
   compiled loop. A session with output already queued (``busy``), or whose OK did not fit in the socket, gets
@@ -63,6 +64,7 @@ from ipc import sysio as S
 from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.names import MAX_NAME_LENGTH
+from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_by
 
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
@@ -84,8 +86,6 @@ OUT_FD, OUT_KIND, OUT_OFF, OUT_LEN = range(4)                       # rows of th
 FAILED, PARKED = 1, 2       # a staged topic's outcome in ``failed``: refused (topic full), or waiting for room
 OK_SIZE = len(OK_FRAME)
 PUB_VERB, MPUB_VERB = (PubFailed, "PUB"), (MpubFailed, "MPUB")  # a staged command's error class and verb
-_PUB = np.frombuffer(b"PUB ", np.uint8).copy()
-_MPUB = np.frombuffer(b"MPUB ", np.uint8).copy()
 
 
 @njit(inline="always", **JIT_CALLEE)
@@ -125,80 +125,6 @@ def _insert_topic(name, names, name_lens, table, t):
         names[t, i] = name[i]
     name_lens[t] = n
     table[slot] = t
-
-
-@njit(inline="always", **JIT_CALLEE)
-def _verb_line(buf, at, got, verb):
-    """The offset of the "\\n" ending `<verb><name>` at the start of buf[at:at+got] (verb with its space; a name of
-    1 to MAX_NAME_LENGTH bytes, not checked here), else -1."""
-    k = verb.size
-    if got < k:
-        return -1
-    for i in range(k):
-        if buf[at + i] != verb[i]:
-            return -1
-    for i in range(k + 1, min(got, k + MAX_NAME_LENGTH + 1)):
-        if buf[at + i] == 10:
-            return i
-    return -1
-
-
-@njit(**JIT)
-def lone_pub_line(buf, at, got, max_msg):
-    """The offset of the "\\n" when buf[at:at+got] is exactly one `PUB <name>\\n<size><body>` with
-    0 < size <= max_msg (the name is not checked here), else -1."""
-    if got < 11:
-        return -1
-    nl = _verb_line(buf, at, got, _PUB)
-    if nl < 0 or nl + 5 >= got:
-        return -1
-    size = S.be32(buf, at + nl + 1)
-    if size <= 0 or size > max_msg or nl + 5 + size != got:
-        return -1
-    return nl
-
-
-@njit(**JIT)
-def lone_mpub_line(buf, at, got, max_msg, max_body):
-    """(offset of the "\\n", message count) when buf[at:at+got] is exactly one `MPUB <name>\\n<body size><count>`
-    followed by count `<size><body>` that fill the body exactly, with 0 < body size <= max_body, count > 0 and
-    0 < each size <= max_msg (the name is not checked here), else (-1, 0). Anything else (nsqd's errors included)
-    is the parser's."""
-    if got < 18:
-        return -1, 0
-    nl = _verb_line(buf, at, got, _MPUB)
-    if nl < 0 or nl + 9 > got:
-        return -1, 0
-    body = S.be32(buf, at + nl + 1)
-    n = S.be32(buf, at + nl + 5)
-    if body <= 4 or body > max_body or nl + 5 + body != got or n <= 0:
-        return -1, 0
-    p = nl + 9
-    for _ in range(n):
-        if p + 4 > got:
-            return -1, 0
-        size = S.be32(buf, at + p)
-        if size <= 0 or size > max_msg:
-            return -1, 0
-        p += 4 + size
-    if p != got:
-        return -1, 0
-    return nl, n
-
-
-@njit(**JIT)
-def short_by(buf, at, got):
-    """How many bytes buf[at:at+got] lacks to be one whole `PUB <name>\n<size><body>` or `MPUB <name>\n<body size>
-    <body>` when it is the start of one and already holds the size (the rest of a command the kernel had only
-    partly received), else 0. Nothing is validated here: a read completed this way still goes through
-    lone_pub_line/lone_mpub_line (or to the parser)."""
-    nl = _verb_line(buf, at, got, _MPUB)
-    if nl < 0:
-        nl = _verb_line(buf, at, got, _PUB)
-    if nl < 0 or nl + 5 > got:
-        return 0
-    total = nl + 5 + S.be32(buf, at + nl + 1)
-    return total - got if total > got else 0
 
 
 @njit(inline="always", **JIT_CALLEE)

@@ -3,7 +3,8 @@
 Modules, by noun: `errors` (wire error codes), `frames` (server frames), `ids` (message IDs), `commands`
 (what a V2 client sends), `names` (topic/channel names, numbers), `states` (client state table),
 `v2_parser` + `v2_bodies` (server-role parser), `identify` (IDENTIFY negotiation), `client` (client role),
-`v1` (lookupd, both roles), `kernels` (the numba kernels behind the batch paths), `gojson` (Go-style JSON).
+`v1` (lookupd, both roles), `kernels` (the numba kernels behind the batch paths), `v2_recognisers` (compiled
+checks that one read is exactly one plain PUB or MPUB: the broker's fast path), `gojson` (Go-style JSON).
 
 Importing this package compiles nothing: numba kernels compile (or load from cache) on first use.
 """

@@ -1,8 +1,9 @@
 """The pump (workers/pump.py): lone PUBs read, published and answered in compiled code, and round-trip producers
 moved to their topic's owner (always, or with auto placement only slow ones, and back out when they speed up).
-The compiled recogniser is checked against the parser, the reference for every
-rule; the rest over real sockets against a real broker: OKs only after the messages are in, per-producer order
-kept across a move, a full topic refused through the fast path."""
+The compiled recogniser (nsqpy/protocol/v2_recognisers.py) with the pump's topic table is checked against the
+parser, the reference for every rule, on generated input (tests/protocol/test_v2_recognisers.py holds it to the
+parser's byte tables); the rest over real sockets against a real broker: OKs only after the messages are in,
+per-producer order kept across a move, a full topic refused through the fast path."""
 import json
 import re
 import struct
@@ -21,8 +22,8 @@ from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
 from workers.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
-from workers.pump import (AUTO, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, lone_mpub_line,
-                          lone_pub_line, move_decision, short_by)
+from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_by
+from workers.pump import AUTO, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, move_decision
 from workers.records import owner_of
 from tests.polling import wait_until
 from wire import Conn, consumer, unique
