@@ -90,7 +90,9 @@ class _DeadlineSocket:
         return io.BufferedReader(_DeadlineReader(self))
 
     def close(self):
-        self.sock.close()
+        """A no-op: http.client closes its connection's socket as soon as the headers say the server closes (an
+        HTTP/1.0 reply, ``Connection: close``), before the body is read through ``makefile``'s reader, which a
+        real socket keeps open for. ``Upstream._request`` closes the socket once the body is in."""
 
 
 class _DeadlineReader(io.RawIOBase):

@@ -96,5 +96,5 @@ class Admin(LoggedProcess):
 
     def get(self, path):
         status, doc = self.call("GET", path)
-        assert status == 200, (path, status, doc)
+        assert status == 200, (path, status, doc, self.output()[-3000:])
         return doc

@@ -4,6 +4,8 @@ fields, and the Falcon app's routing and error mapping (falcon.testing, over a f
 from __future__ import annotations
 
 import base64
+import socket
+import threading
 
 import falcon.testing
 import pytest
@@ -14,7 +16,7 @@ from nsqpy.admin.cluster import AllFailed, ClusterInfo
 from nsqpy.admin.health import HealthTracker
 from nsqpy.admin.notify import RequestFacts, admin_action, basic_auth_user
 from nsqpy.admin.service import AdminError, AdminService, warn_message
-from nsqpy.admin.upstream import UpstreamError, go_quote
+from nsqpy.admin.upstream import Upstream, UpstreamError, go_quote
 from nsqpy.config.nsqadmin import NsqadminOptions
 
 
@@ -341,4 +343,36 @@ def test_upstream_error_texts_are_gos(tmp_path):
         if drip:
             assert time.monotonic() - started >= 0.5  # the whole request's deadline, not one read's
         t.join(10)
+        listener.close()
+
+
+def test_upstream_reads_the_body_of_a_reply_that_closes_the_connection():
+    """An HTTP/1.0 (or ``Connection: close``) server, such as a graphite behind a plain proxy: http.client closes
+    the connection once it has the headers, and the body still has to be read. The server sends the body only
+    after the client closed its side, or after a second without that: a client that closes early gets nothing."""
+    listener = socket.create_server(("127.0.0.1", 0))
+    body = b'[{"datapoints": [[125.0, 1]]}]'
+
+    def serve():
+        conn, _ = listener.accept()
+        with conn:
+            conn.recv(65536)
+            conn.sendall(b"HTTP/1.0 200 OK\r\nContent-Type: application/json\r\nContent-Length: %d\r\n\r\n"
+                         % len(body))
+            conn.settimeout(1.0)
+            try:
+                conn.recv(1)  # b"" at once when the client already closed its socket
+            except socket.timeout:
+                pass
+            try:
+                conn.sendall(body)
+            except OSError:
+                pass
+    server = threading.Thread(target=serve)
+    server.start()
+    try:
+        assert Upstream(2.0, 10.0).get_json(f"http://127.0.0.1:{listener.getsockname()[1]}/render") == \
+            [{"datapoints": [[125.0, 1]]}]
+    finally:
+        server.join(10)
         listener.close()
