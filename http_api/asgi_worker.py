@@ -21,6 +21,9 @@ Resource handling: the timer belongs to the connection and is cancelled when it 
 """
 from __future__ import annotations
 
+import asyncio
+import signal
+
 from gunicorn.asgi.protocol import ASGIProtocol
 from gunicorn.workers import gasgi
 
@@ -78,7 +81,41 @@ class HeaderDeadlineProtocol(ASGIProtocol):
             self.transport.close()
 
 
+def _ignored():
+    pass
+
+
 class HeaderDeadlineWorker(gasgi.ASGIWorker):
+    """Also stops at once on SIGTERM: gunicorn's serving loop looks at ``alive`` once a second, so a stop waited up
+    to a second for it; the signal now cancels that loop's sleep (the loop turns a cancel into its graceful
+    shutdown). Only while the loop runs: before it, a cancel would end the start-up instead."""
+
     def init_process(self):
         gasgi.ASGIProtocol = HeaderDeadlineProtocol  # this worker process builds its connections with it
         super().init_process()
+
+    def init_signals(self):
+        """gunicorn's handlers, but ^C is the daemon's supervisor's to act on (it TERMs its children in order): a
+        SIGINT that reaches this worker while it still boots (nsqd says it listens once the arbiter does, before
+        its workers have loaded the app) is dropped instead of starting a quick shutdown."""
+        super().init_signals()
+        self.loop.add_signal_handler(signal.SIGINT, _ignored)
+
+    def _cleanup(self):
+        super()._cleanup()  # closing the loop puts Python's KeyboardInterrupt handler back for SIGINT
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+
+    def handle_exit_signal(self):
+        super().handle_exit_signal()
+        self._wake_serving_loop()
+
+    def handle_quit_signal(self):
+        super().handle_quit_signal()
+        self._wake_serving_loop()
+
+    def _wake_serving_loop(self):
+        if not self.servers or len(self.servers) != len(self.sockets):
+            return  # still starting (or a listener failed): the loop sees ``alive`` within a second
+        for task in asyncio.all_tasks(self.loop):
+            if getattr(task.get_coro(), "__name__", "") == "_serve" and not task.cancelling():
+                task.cancel()
