@@ -32,14 +32,22 @@ BATCH = 1000
 
 
 def _start(argv, env):
-    """-> (process, seconds from exec to its TCP listening line, (host, port))."""
+    """-> (process, seconds from exec to its TCP listening line, (host, port)). Returns once HTTP listens too, so
+    that the stop that follows is a stop of a started server (Go nsqd's signal handler is set up after its TCP
+    listener: a SIGTERM right after that line can kill it)."""
     t0 = time.monotonic()
     proc = subprocess.Popen(argv, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True, env=env,
                             start_new_session=True)
+    took = address = None
+    http = False
     for line in proc.stdout:
         if "TCP: listening on" in line:
+            took = time.monotonic() - t0
             host, _, port = line.strip().rpartition(" ")[2].rpartition(":")
-            return proc, time.monotonic() - t0, (host.strip("[]"), int(port))
+            address = (host.strip("[]"), int(port))
+        http = http or "HTTP: listening on" in line
+        if took is not None and http:
+            return proc, took, address
     raise RuntimeError(f"{argv[0]} exited with {proc.wait()} before listening")
 
 
