@@ -4,7 +4,9 @@ from __future__ import annotations
 
 import socket
 
-__all__ = ["bind_listener", "shown_address"]
+from nsqpy.preflight import listen_error
+
+__all__ = ["bind_listener", "bind_or_say", "shown_address"]
 
 
 def bind_listener(address: str) -> socket.socket:
@@ -26,3 +28,14 @@ def bind_listener(address: str) -> socket.socket:
 def shown_address(sock: socket.socket) -> str:
     host, port = sock.getsockname()[:2]
     return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
+
+
+def bind_or_say(flag: str, address: str, log) -> socket.socket | None:
+    """``bind_listener``, or None after one FATAL line saying which flag's address could not be bound and why."""
+    try:
+        return bind_listener(address)
+    except OSError as e:
+        log.fatal(listen_error(flag, address, e))
+    except ValueError:
+        log.fatal(f"{flag}={address}: the port is not a number")
+    return None

@@ -27,11 +27,9 @@ import socket
 import sys
 
 from nsqpy.config.nsqlookupd import NsqlookupdOptions
-from nsqpy.config.support import check_support
-from nsqpy.listeners import bind_listener, shown_address
-from nsqpy.log import Logger
+from nsqpy.config.support import daemon_options
+from nsqpy.listeners import bind_or_say, shown_address
 from nsqpy.lookupd.queries import NSQ_VERSION
-from nsqpy.preflight import listen_error
 from nsqpy.sdnotify import Notifier
 
 __all__ = ["main", "version_string"]
@@ -65,30 +63,20 @@ def _http_child(opts, tcp, http, query, query_address, log):
 def main(argv=None) -> int:
     from workers.supervisor import Supervisor  # the broker's supervisor serves here too
 
-    opts = NsqlookupdOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqlookupd")
-    if opts.version:
-        print(version_string())
-        return 0
-    log = Logger(opts.log_prefix, opts.log_level.name.lower())
-    support = check_support(opts)
-    for line in support.refusals:
-        log.fatal(line)
-    if support.refusals:
-        return 1
+    started = daemon_options(NsqlookupdOptions, sys.argv[1:] if argv is None else argv, "nsqlookupd", version_string)
+    if isinstance(started, int):
+        return started
+    opts, log, support = started
     notifier = Notifier.from_environ(os.environ)  # systemd's Type=notify (a no-op without $NOTIFY_SOCKET)
     sup = Supervisor(log, notifier=notifier)
     sup.trap_stop_signals()
     listeners = []
     try:
         for flag, address in (("--tcp-address", opts.tcp_address), ("--http-address", opts.http_address)):
-            try:
-                listeners.append(bind_listener(address))
-            except OSError as e:
-                log.fatal(listen_error(flag, address, e))
+            sock = bind_or_say(flag, address, log)
+            if sock is None:
                 return 1
-            except ValueError:
-                log.fatal(f"{flag}={address}: the port is not a number")
-                return 1
+            listeners.append(sock)
         log.info(version_string())
         for line in support.warnings:
             log.warn(line)

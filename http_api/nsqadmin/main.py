@@ -17,11 +17,9 @@ import sys
 from urllib.parse import urlsplit
 
 from nsqpy.config.nsqadmin import NsqadminOptions
-from nsqpy.config.support import check_support
-from nsqpy.listeners import bind_listener, shown_address
-from nsqpy.log import Logger
+from nsqpy.config.support import daemon_options
+from nsqpy.listeners import bind_or_say, shown_address
 from nsqpy.lookupd.queries import NSQ_VERSION
-from nsqpy.preflight import listen_error
 from nsqpy.sdnotify import Notifier
 
 __all__ = ["main", "version_string"]
@@ -72,16 +70,10 @@ def _http_child(opts, sock, log):
 def main(argv=None) -> int:
     from workers.supervisor import Supervisor
 
-    opts = NsqadminOptions.parse_or_exit(sys.argv[1:] if argv is None else argv, "nsqadmin")
-    if opts.version:
-        print(version_string())
-        return 0
-    log = Logger(opts.log_prefix, opts.log_level.name.lower())
-    support = check_support(opts)
-    for line in support.refusals:
-        log.fatal(line)
-    if support.refusals:
-        return 1
+    started = daemon_options(NsqadminOptions, sys.argv[1:] if argv is None else argv, "nsqadmin", version_string)
+    if isinstance(started, int):
+        return started
+    opts, log, support = started
     errors = start_errors(opts)
     for line in errors:
         log.fatal(line)
@@ -95,13 +87,8 @@ def main(argv=None) -> int:
     notifier = Notifier.from_environ(os.environ)  # systemd's Type=notify (a no-op without $NOTIFY_SOCKET)
     sup = Supervisor(log, notifier=notifier)
     sup.trap_stop_signals()
-    try:
-        sock = bind_listener(opts.http_address)
-    except OSError as e:
-        log.fatal(listen_error("--http-address", opts.http_address, e))
-        return 1
-    except ValueError:
-        log.fatal(f"--http-address={opts.http_address}: the port is not a number")
+    sock = bind_or_say("--http-address", opts.http_address, log)
+    if sock is None:
         return 1
     try:
         sup.add("http", _http_child(opts, sock, log))

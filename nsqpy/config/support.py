@@ -25,6 +25,8 @@ from __future__ import annotations
 import dataclasses
 from typing import Callable
 
+from nsqpy.log import Logger
+
 
 def _never(value) -> bool:
     return False
@@ -127,3 +129,19 @@ def check_support(opts) -> SupportReport:
         report.refusals.append(f"{names} {verb} not supported yet: nsqpy has no {support.feature} yet, "
                                f"so nsqd refuses to start{rather}")
     return report
+
+
+def daemon_options(options_cls, argv, name: str, version: Callable[[], str]):
+    """A daemon command's first steps, as Go's: parse its flags (exit 2 on a bad one), ``--version`` prints and
+    returns 0, refused flags are FATAL lines and return 1. -> (opts, log, support report), or the exit code."""
+    opts = options_cls.parse_or_exit(argv, name)
+    if opts.version:
+        print(version())
+        return 0
+    log = Logger(opts.log_prefix, opts.log_level.name.lower())
+    support = check_support(opts)
+    for line in support.refusals:
+        log.fatal(line)
+    if support.refusals:
+        return 1
+    return opts, log, support
