@@ -90,7 +90,7 @@ def main(argv=None) -> int:
     data = None
     if args.nsqd_tcp_address is None:
         data = tempfile.mkdtemp(prefix="client_bench_")
-        server = ListeningProcess(python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
+        server = ListeningProcess(python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
                                                 f"--data-path={data}", f"--workers={args.workers}"),
                                   ready_timeout=300).start()
         address = server.address_text

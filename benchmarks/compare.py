@@ -42,7 +42,7 @@ from benchmarks.common import CORES, cli, duration_s, emit, environment, log, po
 from benchmarks.latency import MODES
 from benchmarks.process import ListeningProcess, run_tool
 
-NSQPY_COMMAND = ("{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 "
+NSQPY_COMMAND = ("{python} -m nsqpy.workers.processes.nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 "
                  "--data-path={data_path}")
 # scenario -> (figure key in its result, True when higher is better); latency adds one key per mode
 FIGURES = {"writer": ("ops_per_s", True), "reader": ("ops_per_s", True), "pub": ("ops_per_s", True),

@@ -36,7 +36,7 @@ from numba import boolean, int64, njit, void
 
 from nsqpy.protocol.frames import FRAME_ERROR, OK_FRAME, encode_frame
 
-from ipc.sysio import (BYTES, EPOLL_CLOEXEC, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EINTR, IPPROTO_TCP,
+from nsqpy.ipc.sysio import (BYTES, EPOLL_CLOEXEC, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EINTR, IPPROTO_TCP,
                                SOCK_CLOEXEC, SOCK_NONBLOCK, TCP_NODELAY, accept4, close, epoll_add,
                                epoll_create1, epoll_modify, epoll_remove, epoll_wait, errno, event_data,
                                event_mask, events_buffer, recv_into, send_from, setsockopt)

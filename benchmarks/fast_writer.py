@@ -16,7 +16,7 @@ connection's index as user data), sends every connection its first command and l
   the socket does not take waits in the connection's output queue (the rest of a large MPUB, a NOP queued
   behind it) and is sent, in order, as the socket drains.
 
-The monotonic clock (`ipc.sysio.monotonic`, the clock of Python's `time.monotonic`) is read once per
+The monotonic clock (`nsqpy.ipc.sysio.monotonic`, the clock of Python's `time.monotonic`) is read once per
 `epoll_wait` return, which also bounds its timeout: a vDSO call of tens of ns against a round trip of
 several µs. After `stop_at` no new command is sent; the loop still waits for the replies in flight (up to
 `drain_s` more), so the counts agree with what the server counted. A reply still missing then counts as an
@@ -33,7 +33,7 @@ import socket
 import numpy as np
 from numba import boolean, float64, int64, njit, void
 
-from ipc.sysio import (BYTES, EPOLL_CLOEXEC, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EINTR, be32, close,
+from nsqpy.ipc.sysio import (BYTES, EPOLL_CLOEXEC, EPOLLERR, EPOLLHUP, EPOLLIN, EPOLLOUT, EINTR, be32, close,
                                epoll_add, epoll_create1, epoll_modify, epoll_remove, epoll_wait, errno,
                                event_data, event_mask, events_buffer, monotonic, recv_into, send_from)
 

@@ -23,7 +23,7 @@ shared memory and starting the children until each is ready. A checkout whose ns
 no list for it.
 
 --steps measures what a first start's compile costs on a host with more cores: each warm-up step
-(workers/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
+(workers/lane/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
 cache (its imports are not counted). `steps` lists the seconds per
 step (a step the warm-up makes wait for others, ``warmup.WAITS_FOR``, is timed after they ran in the same process:
 `waits` lists their indices); `predicted_kernels_s` hands them out, but for the steps nsqd does not wait for (a
@@ -69,7 +69,7 @@ def start_time(checkout, cache_home, workers, http=True):
     env.pop("NUMBA_CACHE_DIR", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module docstring
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0",
                              "--http-address=127.0.0.1:0" if http else "--http-address=", f"--data-path={data}",
                              f"--workers={workers}", "--log-level=debug"], cwd=checkout, env=env,
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
@@ -96,7 +96,7 @@ def start_time(checkout, cache_home, workers, http=True):
 
 STEP_TIMER = """
 import json, sys, time
-from workers import warmup
+from nsqpy.workers.lane import warmup
 steps = warmup._steps(sys.argv[1])
 if sys.argv[2] == "count":
     print(json.dumps({"steps": len(steps)}))

@@ -164,7 +164,7 @@ def stats_latency(address, rounds):
 
 def run_class(cls, args, with_tcp):
     data = tempfile.mkdtemp(prefix=f"http_bench_{cls}")
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+    argv = python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                          f"--data-path={data}", "--workers=2", f"--node-id={NODE_ID}", "--http-workers=2",
                          f"--http-worker-class={cls}")
     result = {}

@@ -5,7 +5,7 @@
 For each worker count: starts ``nsqd`` (port 0, a fresh data path), waits for its listening line and for its
 /dev/shm to settle (a worker that started before the scanner sends it one timer event at once), then records the
 bytes its segments hold (st_blocks, so reserved pages, not file sizes) in all and per kind, next to
-``workers.plan.idle_shm_bytes`` (the model in ARCHITECTURE.md, "Shared memory per broker") and to what the same
+``nsqpy.workers.processes.plan.idle_shm_bytes`` (the model in ARCHITECTURE.md, "Shared memory per broker") and to what the same
 segments took when everything was reserved up front (``reserved_up_front``: every pair's 32 MiB ring, the scanner
 rings, 131,072-slot in-flight tables and heaps), plus the resident (RSS) and proportional (PSS: shared pages
 split between the processes that map them) memory of the supervisor and all its children, and the seconds to
@@ -20,8 +20,8 @@ import time
 
 from benchmarks.common import emit, environment, settled as common_settled
 from benchmarks.process import REPO, ListeningProcess, python_module
-from ipc.shm import instance_prefix
-from workers.plan import idle_shm_bytes
+from nsqpy.ipc.shm import instance_prefix
+from nsqpy.workers.processes.plan import idle_shm_bytes
 
 NODE_ID = 12
 MIB = 1 << 20
@@ -87,7 +87,7 @@ def reserved_up_front(workers):
 def measure(workers):
     data = tempfile.mkdtemp(prefix="idle_footprint")
     prefix = instance_prefix(data, NODE_ID)
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+    argv = python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                          f"--data-path={data}",
                          f"--workers={workers}", f"--node-id={NODE_ID}")
     t0 = time.monotonic()

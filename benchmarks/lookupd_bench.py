@@ -39,7 +39,7 @@ LISTEN = re.compile(rb"(TCP|HTTP): listening on (\S+):(\d+)")
 
 
 def start_lookupd(http_workers: int, log_level: str):
-    proc = subprocess.Popen([sys.executable, "-m", "http_api.lookupd.main", "--tcp-address=127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "nsqpy.http_api.lookupd.main", "--tcp-address=127.0.0.1:0",
                              "--http-address=127.0.0.1:0", f"--http-workers={http_workers}",
                              f"--log-level={log_level}"], stderr=subprocess.PIPE, stdout=subprocess.DEVNULL,
                             cwd=tempfile.gettempdir())

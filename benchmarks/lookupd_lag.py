@@ -112,12 +112,12 @@ def main() -> int:
     p.add_argument("--workers", type=int, default=2, help="nsqd's --workers")
     p.add_argument("--out", default="")
     args = p.parse_args()
-    lk, lk_addr = start([sys.executable, "-m", "http_api.lookupd.main", "--tcp-address=127.0.0.1:0",
+    lk, lk_addr = start([sys.executable, "-m", "nsqpy.http_api.lookupd.main", "--tcp-address=127.0.0.1:0",
                          "--http-address=127.0.0.1:0"])
     data = tempfile.mkdtemp(prefix="lookupd_lag")
     try:
         tcp = "%s:%d" % lk_addr["TCP"]
-        nsqd, nsqd_addr = start([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0",
+        nsqd, nsqd_addr = start([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0",
                                  "--http-address=127.0.0.1:0", f"--data-path={data}", f"--workers={args.workers}",
                                  "--broadcast-address=127.0.0.1", f"--lookupd-tcp-address={tcp}"])
         try:

@@ -1,4 +1,4 @@
-"""Which event loop should a worker run? workers.loop (our epoll loop) vs asyncio vs uvloop, side by side.
+"""Which event loop should a worker run? nsqpy.workers.processes.event_loop (our epoll loop) vs asyncio vs uvloop, side by side.
 
 Each candidate serves the same tiny request/response protocol as a V2 PUB round trip (a command line plus a
 200-byte body in, an 10-byte OK frame out) in its own process on port 0; client processes keep one request in
@@ -31,7 +31,7 @@ def _count_requests(buf):
 
 
 def serve_epoll(sock, ready):
-    from workers.loop import Loop
+    from nsqpy.workers.processes.event_loop import Loop
     loop = Loop()
     bufs = {}
 

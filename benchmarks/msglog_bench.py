@@ -12,7 +12,7 @@ import time
 
 import numpy as np
 
-from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from nsqpy.ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
 
 from benchmarks.common import emit, environment
 

@@ -40,7 +40,7 @@ TOPIC, CHANNEL = "persist_bench", "ch"
 class Broker:
     def __init__(self, data, workers, flags=(), cwd=REPO):
         self.t0 = time.monotonic()
-        self.proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0",
+        self.proc = subprocess.Popen([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0",
                                       "--http-address=", f"--data-path={data}", f"--workers={workers}", *flags],
                                      cwd=cwd, stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                                      start_new_session=True)

@@ -18,7 +18,7 @@ messages in memory (10000 by default; bench.sh starts it with 1000000): give it 
 Every run starts its server from COMMAND (``{python}``, ``{data_path}``: a fresh directory; the server must listen
 on port 0 or a fixed port and log NSQ's ``TCP: listening on HOST:PORT`` line), runs the load against it for
 --runfor and stops it, so no run inherits another's topic, backlog or warm caches. The default server is nsqpy
-(``{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}``); add Go nsqd
+(``{python} -m nsqpy.workers.processes.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}``); add Go nsqd
 (``--server 'go=/path/nsqd --tcp-address=127.0.0.1:0 --http-address=127.0.0.1:0 --data-path={data_path}'``) or
 an older nsqpy from a git worktree (``--server before=... --cwd before=/path/to/worktree``; ``cwd_commits``
 records each such checkout's commit).
@@ -54,7 +54,7 @@ TOPIC, CHANNEL = "pub_compare", "ch"
 PRELOAD_BATCH, PRELOAD_WINDOW = 200, 16  # --read's preload: messages per MPUB, MPUBs in flight
 DRAINED = 0.99  # a read run that got this share of the preload may have waited for more: a lower bound
 STOP_TIMEOUT = 300.0  # seconds a server may take to stop cleanly
-NSQPY = "{python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}"
+NSQPY = "{python} -m nsqpy.workers.processes.nsqd --tcp-address=127.0.0.1:0 --http-address= --data-path={data_path}"
 GO_SUMMARY = re.compile(r"duration: ([\d.]+)s - ([\d.]+)mi?b/s - ([\d.]+)ops/s - ([\d.]+)us/op", re.I)
 
 

@@ -4,8 +4,8 @@ Prints ONE JSON line (and writes it to --out FILE when given):
   records_per_s.<transport>.<size>.<single|batched>: records/s from producer start to the consumer having all
       (consumer in a forked process; ring consumers read (offset, length, type) batches and release them, the
       baselines deliver bytes objects: each transport's natural consumer);
-  wakeup_us.p50/p99/max: commit-to-running latency of a reader sleeping on its eventfd (ipc.wake);
-  compile_s.cold/cached: a fresh interpreter importing ipc.ring and running every ring kernel once, with an
+  wakeup_us.p50/p99/max: commit-to-running latency of a reader sleeping on its eventfd (nsqpy.ipc.wake);
+  compile_s.cold/cached: a fresh interpreter importing nsqpy.ipc.ring and running every ring kernel once, with an
       empty numba cache directory and then with the cache it filled.
 
 Usage: python -m benchmarks.ring_bench [--out FILE] [--quick]
@@ -26,8 +26,8 @@ from pathlib import Path
 
 import numpy as np
 
-from ipc.ring import Ring
-from ipc.wake import Wakeups, make_eventfd
+from nsqpy.ipc.ring import Ring
+from nsqpy.ipc.wake import Wakeups, make_eventfd
 
 from benchmarks.common import emit, environment
 
@@ -210,7 +210,7 @@ def bench_wakeup(rounds):
 _COMPILE_PROBE = """
 import time; t = time.perf_counter()
 import mmap, numpy as np
-from ipc.ring import Ring
+from nsqpy.ipc.ring import Ring
 buf = mmap.mmap(-1, Ring.size_for(4096)); ring = Ring.create(buf, 0, 4096)
 ring.write(b"x"); ring.write_batch(np.zeros(8, np.uint8), np.zeros(1, np.int64), np.ones(1, np.int64),
                                    np.zeros(1, np.int64))

@@ -107,7 +107,7 @@ def main(argv=None):
     opts = p.parse_args(argv)
     env = {k: v for k, v in os.environ.items() if k != "PYTHONDONTWRITEBYTECODE"}
     flags = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
-    servers = {"nsqpy": lambda d: [sys.executable, "-m", "workers.nsqd", *flags, "--workers=2", f"--data-path={d}"]}
+    servers = {"nsqpy": lambda d: [sys.executable, "-m", "nsqpy.workers.processes.nsqd", *flags, "--workers=2", f"--data-path={d}"]}
     if opts.go_nsqd:
         servers["go"] = lambda d: [opts.go_nsqd, *flags, f"--data-path={d}"]
     result = {"tool": "start_stop", **environment(), "rounds": opts.rounds, "queued": opts.queued}

@@ -33,7 +33,7 @@ import time
 
 from benchmarks.common import emit, environment
 from benchmarks.process import REPO, ListeningProcess, python_module
-from ipc.statrows import B_ROWS, B_USER
+from nsqpy.ipc.statrows import B_ROWS, B_USER
 from nsqpy.broker.stats import U_COST_NS, U_WRITTEN, StatsReader
 from nsqpy.protocol import client as C
 
@@ -126,7 +126,7 @@ def main():
     ap.add_argument("--out", default="")
     args = ap.parse_args()
     data = tempfile.mkdtemp(prefix="stats_snapshot")
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+    argv = python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                          f"--data-path={data}",
                          f"--workers={args.workers}", f"--node-id={NODE_ID}")
     topics = [f"snap-{i:05d}" for i in range(args.topics)]

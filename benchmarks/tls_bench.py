@@ -169,7 +169,7 @@ def main():
     cert.private_key_and_cert_chain_pem.write_to_path(f"{tmp}/server.pem")
     ca.cert_pem.write_to_path(f"{tmp}/ca.pem")
     os.mkdir(f"{tmp}/data")
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp}/data",
+    argv = python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=", f"--data-path={tmp}/data",
                          "--workers=2", f"--tls-cert={tmp}/server.pem", f"--tls-key={tmp}/server.pem",
                          "--mem-queue-size=10000000")
     results = {}

@@ -18,7 +18,7 @@ import time
 
 from benchmarks.common import emit, environment, settled as common_settled
 from benchmarks.process import REPO, ListeningProcess, python_module
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from nsqpy.protocol import client as C
 
 NODE_ID = 11
@@ -65,7 +65,7 @@ def main():
     args = ap.parse_args()
     data = tempfile.mkdtemp(prefix="topic_cost")
     prefix = instance_prefix(data, NODE_ID)
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+    argv = python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                          f"--data-path={data}",
                          f"--workers={args.workers}", f"--node-id={NODE_ID}")
     with ListeningProcess(argv) as nsqd:

@@ -1,6 +1,6 @@
 """nsqd's HTTP API (spec 2): a Falcon app over the broker's stats plane and control plane.
 
-    app = create_app(NsqdDeps(...))     # gunicorn workers: workers/http.py builds the deps from the Plan
+    app = create_app(NsqdDeps(...))     # gunicorn workers: workers/processes/http.py builds the deps from the Plan
 
 Theory of operation: the app holds no broker state. Reads go through ``deps.stats`` (the stats plane's reader,
 ``nsqpy.broker.stats``), publishes and topic/channel commands through ``deps.publish`` / ``deps.command`` (the
@@ -23,10 +23,10 @@ from typing import Callable, Optional
 
 import falcon
 
-from http_api import nsqd_resources as R
-from http_api.asgi import AsyncMiddleware, AsyncResource, async_handler
-from http_api.methods import MethodCheck
-from http_api.nsqd_errors import JSON_TYPE, NSQ_CONTENT_TYPE, ApiError, PublishRefused
+from nsqpy.http_api import nsqd_resources as R
+from nsqpy.http_api.asgi import AsyncMiddleware, AsyncResource, async_handler
+from nsqpy.http_api.methods import MethodCheck
+from nsqpy.http_api.nsqd_errors import JSON_TYPE, NSQ_CONTENT_TYPE, ApiError, PublishRefused
 
 __all__ = ["create_app", "NsqdDeps", "ApiError", "PublishRefused", "NSQ_CONTENT_TYPE", "JSON_TYPE"]
 

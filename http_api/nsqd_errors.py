@@ -1,6 +1,6 @@
 """What nsqd's HTTP resources raise and the content type of its JSON replies: shared by the app
-(``http_api.nsqd_app``, which turns the errors into replies in one place) and the resources
-(``http_api.nsqd_resources``), so neither imports the other's module for them."""
+(``nsqpy.http_api.nsqd_app``, which turns the errors into replies in one place) and the resources
+(``nsqpy.http_api.nsqd_resources``), so neither imports the other's module for them."""
 from __future__ import annotations
 
 __all__ = ["ApiError", "PublishRefused", "NSQ_CONTENT_TYPE", "JSON_TYPE"]

@@ -3,7 +3,7 @@ order, so the same request fails with the same code).
 
 Order matters where nsqd's does: /pub checks the body's size before the topic (413 MSG_TOO_BIG for a huge body
 with no topic), /mpub the Content-Length before the topic and the messages after it. Parameters come from the
-raw query string only (``http_api.query``: Go's parser, stricter than Falcon's), never from a form body.
+raw query string only (``nsqpy.http_api.query``: Go's parser, stricter than Falcon's), never from a form body.
 """
 from __future__ import annotations
 
@@ -13,8 +13,8 @@ import struct
 
 import falcon
 
-from http_api.nsqd_errors import JSON_TYPE, ApiError, PublishRefused
-from http_api.query import BOOL_PARAMS, BadQuery, parse_bool, parse_query
+from nsqpy.http_api.nsqd_errors import JSON_TYPE, ApiError, PublishRefused
+from nsqpy.http_api.query import BOOL_PARAMS, BadQuery, parse_bool, parse_query
 from nsqpy.protocol.names import is_valid_name
 
 _LEVEL_NAMES = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}  # lg.ParseLogLevel, any case
@@ -41,7 +41,7 @@ def _json(resp, value) -> None:
 
 def _read(req, limit: int) -> bytes:
     """At most ``limit`` + 1 bytes of the body (one more than allowed tells "too big" without reading it all).
-    Under ASGI the body was read before (http_api.asgi.AsyncResource)."""
+    Under ASGI the body was read before (nsqpy.http_api.asgi.AsyncResource)."""
     body = getattr(req.context, "body", None)
     if body is not None:
         return body[:limit + 1]
@@ -70,7 +70,7 @@ class Info(_Resource):
 
 class Stats(_Resource):
     def on_get(self, req, resp):
-        from http_api.stats_text import stats_text  # only for the text format
+        from nsqpy.http_api.stats_text import stats_text  # only for the text format
 
         p = _params(req)
         include_clients = parse_bool(p, "include_clients", True)
@@ -291,7 +291,7 @@ class Metrics(_Resource):
     def on_get(self, req, resp):
         if self.deps.metrics is None:
             raise ApiError(404, "NOT_FOUND")
-        from http_api.metrics import CONTENT_TYPE
+        from nsqpy.http_api.metrics import CONTENT_TYPE
 
         resp.content_type = CONTENT_TYPE
         resp.data = self.deps.metrics()

@@ -10,7 +10,7 @@ The prefix is --statsd-prefix with ``%s`` replaced by ``<broadcast address>_<htt
 --statsd-udp-packet-size bytes without splitting a line (nsqd's BoundaryBufferedWriter), and the datagrams are
 spread over the interval less one second (its SpreadWriter), so a statsd daemon never gets one large burst.
 
-``statsd_lines`` and ``packets`` are pure; ``StatsdPusher`` runs in one process of its own (workers/http.py).
+``statsd_lines`` and ``packets`` are pure; ``StatsdPusher`` runs in one process of its own (workers/processes/http.py).
 """
 from __future__ import annotations
 

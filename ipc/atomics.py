@@ -41,7 +41,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT
 
 __all__ = [
     "load_acquire", "store_release", "cas", "fetch_add", "fence", "cpu_pause", "copy_bytes", "get_word", "put_word",

@@ -7,7 +7,7 @@ that saving or loading a million messages is a few calls, not a Python loop per 
 """
 from numba import njit
 
-from ipc.numba_cache import JIT, JIT_CALLEE  # (importing ipc fixes numba's cache directory first)
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE  # (importing ipc fixes numba's cache directory first)
 
 MESSAGE_HEADER = 26
 OK, CUT, BAD_LENGTH = 0, 1, 2   # scan_records: stopped at the limit / at a record cut short / at a bad length

@@ -1,10 +1,10 @@
-"""File-backed segments: the disk tier of the message log (spill), with the same duck type as ``ipc.shm.Segment``.
+"""File-backed segments: the disk tier of the message log (spill), with the same duck type as ``nsqpy.ipc.shm.Segment``.
 
 Theory of operation
 -------------------
 A file segment is a regular file ``[header page][payload]`` mapped shared, so every process that maps it sees
 the same bytes through the page cache, exactly as with a /dev/shm segment; only the backing store differs. The
-header is the common layout header (``ipc.layout``: magic 'NSQPYFSG', layout version, payload size, tag, tag
+header is the common layout header (``nsqpy.ipc.layout``: magic 'NSQPYFSG', layout version, payload size, tag, tag
 version), written with the magic last, so a file cut short by a crash during creation is refused on attach
 rather than read as a segment. Creation is O_CREAT|O_EXCL plus ``posix_fallocate``: a full disk fails at creation
 with ``SegmentError``, never later as SIGBUS in whichever process touches an unbacked page (a write fault on a hole
@@ -15,8 +15,8 @@ topic takes disk blocks for what it holds, not for its segment size.
 Durability: pages reach the disk when the kernel writes them back (or on ``flush()``); a segment survives the
 death of every process, not a power cut, unless flushed. Nothing here registers with a resource tracker.
 
-``FileSegmentProvider`` hands numbered segments of one log to ``ipc.msglog.MessageLog`` as file descriptors whose
-payload starts at ``payload_offset`` (the log maps them into its own window); see ``ipc.shm.SegmentProvider``.
+``FileSegmentProvider`` hands numbered segments of one log to ``nsqpy.ipc.msglog.MessageLog`` as file descriptors whose
+payload starts at ``payload_offset`` (the log maps them into its own window); see ``nsqpy.ipc.shm.SegmentProvider``.
 """
 from __future__ import annotations
 
@@ -25,9 +25,9 @@ import mmap
 import os
 
 
-from ipc.layout import HEADER_WORDS, LayoutError, align_up, magic, stamp_header, words
-from ipc.rawmap import madvise, map_fd
-from ipc.shm import (MappedPayload, SegmentError, SegmentProvider, check_mapped_header, reserve_and_map,
+from nsqpy.ipc.layout import HEADER_WORDS, LayoutError, align_up, magic, stamp_header, words
+from nsqpy.ipc.rawmap import madvise, map_fd
+from nsqpy.ipc.shm import (MappedPayload, SegmentError, SegmentProvider, check_mapped_header, reserve_and_map,
                      reserved_bytes)
 
 __all__ = ["FileSegment", "FileSegmentProvider", "PAYLOAD_OFFSET"]

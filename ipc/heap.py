@@ -3,8 +3,8 @@
 Theory of operation
 -------------------
 Two users: the scanner keeps one heap per worker in shared memory for in-flight deadlines (handles are the
-worker's timer batches, ``workers/timers.py``), and each worker's deferred store keeps one in its own memory for
-due times (handles are store entries, ``workers/deferred.py``). Each entry is a key (a time in ns) and a handle
+worker's timer batches, ``workers/timing/timer_batches.py``), and each worker's deferred store keeps one in its own memory for
+due times (handles are store entries, ``workers/domain/deferred.py``). Each entry is a key (a time in ns) and a handle
 (a small non-negative int).
 
 As in NSQ's ``in_flight_pqueue.go`` the heap is intrusive: ``pos[handle]`` holds the entry's index in the heap
@@ -32,7 +32,7 @@ pages, set the new pos entries to -1, publish RESERVED with a store-release, vie
 memory and the reservation word keep one writer. Another process may back pages ahead of it
 (``reserve_pages``: posix_fallocate only, nothing written): in the broker a worker's timer batches (the
 handles) never outnumber its in-flight slots, so the worker's in-flight table backs its heap's pages whenever
-it grows itself (``ipc.inflight``'s ``grow_hook``), and the scanner's later ``grow`` then finds them backed even
+it grows itself (``nsqpy.ipc.inflight``'s ``grow_hook``), and the scanner's later ``grow`` then finds them backed even
 on a full /dev/shm (reserving pages that are already backed needs no space). A crash in a growth before the
 publication only makes the next one redo it.
 
@@ -59,9 +59,9 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ipc.numba_cache import JIT, JIT_CALLEE
-from ipc.atomics import py_load_acquire, py_store_release
-from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.atomics import py_load_acquire, py_store_release
+from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
 __all__ = [
     "TimerHeap", "HeapFull", "HEAP_MAGIC", "HEAP_VERSION", "C_COUNT", "heap_nbytes", "heap_reserved_ranges",
@@ -292,7 +292,7 @@ class TimerHeap:
     """A min-heap of (deadline ns, handle) living in `buf` at `offset` (shared memory, an mmap, a bytearray).
 
     ``keys``, ``vals`` and ``pos`` are views of the reserved entries (module docstring: lazy pages), replaced by
-    ``refresh`` and ``grow``. ``reserve(offset, nbytes)`` backs bytes of `buf` (``ipc.shm.Segment.reserver()``;
+    ``refresh`` and ``grow``. ``reserve(offset, nbytes)`` backs bytes of `buf` (``nsqpy.ipc.shm.Segment.reserver()``;
     None: all of `buf` is backed).
 
     Resource handling: the object holds numpy views of `buf` and never frees it; the owner of the buffer closes

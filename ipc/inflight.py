@@ -9,7 +9,7 @@ Slots. A fixed array of slots, each holding one message that a channel handed ou
 the topic, its position in the topic's log, and the per-delivery fields (connection, attempts, delivery time,
 deadline). A slot's state is FREE, IN_FLIGHT, REQUEUED (REQ 0 or a dead connection: deliver again at once) or
 DEFERRED (kept for tables written before deferred messages moved to the worker's deferred store,
-``workers/deferred.py``; the broker no longer makes such slots); its ``deadline`` is the timeout for
+``workers/domain/deferred.py``; the broker no longer makes such slots); its ``deadline`` is the timeout for
 IN_FLIGHT and the due time for DEFERRED.
 
 The tag word. Every change of a slot is published by ONE store (``store_release``) of its tag word
@@ -36,7 +36,7 @@ first INDEX_LEN index entries are backed and ever touched: the kernels get views
 ``index``). The free list holds reserved slots only, so ``start_batch`` finding it empty means "full" to the
 kernel; the wrapper then grows the table (``_grow``: at least doubling, up to the capacity): it reserves the
 new slots' pages and a larger index (INDEX_LEN stays the power of two >= 2 x RESERVED), calls ``grow_hook``
-(the worker's timer heap gets pages for as many handles, ``ipc.heap``), publishes INDEX_LEN, then RESERVED (each with a
+(the worker's timer heap gets pages for as many handles, ``nsqpy.ipc.heap``), publishes INDEX_LEN, then RESERVED (each with a
 store-release, in that order, so INDEX_LEN is always enough for RESERVED), rebuilds free list (ascending, so
 slots are handed out from the low end), count and index over the new views, and retries the refused entries.
 ST_FULL thus reaches the caller only at the configured capacity, or when /dev/shm cannot back more (not asked
@@ -70,9 +70,9 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from ipc.numba_cache import JIT, JIT_CALLEE
-from ipc.atomics import py_load_acquire, py_store_release, store_release
-from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.atomics import py_load_acquire, py_store_release, store_release
+from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
 __all__ = [
     "InFlightTable", "SlotInfo", "inflight_nbytes", "inflight_reserved_ranges", "INFLIGHT_MAGIC", "INFLIGHT_VERSION",
@@ -91,7 +91,7 @@ INFLIGHT_VERSION = 2
 C_FREE_HEAD, C_N_LIVE, C_RESERVED, C_INDEX_LEN = 0, 1, 2, 3  # control-line words
 GROW_MIN = 1024      # slots: the least a lazily reserved table grows to
 GROW_RETRY = 0.1     # seconds after a failed reservation before start_batch tries to grow again
-# slot words (public: bulk readers in the owning worker, e.g. workers/kernels.py, index slots with these)
+# slot words (public: bulk readers in the owning worker, e.g. workers/lane/kernels.py, index slots with these)
 SLOT_WORDS = 16
 S_TAG, S_TOPIC, S_CHANNEL, S_MSG_ID, S_LOG_POS, S_NEXT_FREE, S_HALF0, S_HASH = 0, 1, 2, 3, 4, 5, 6, 14
 HALF_WORDS = 4
@@ -436,7 +436,7 @@ class InFlightTable:
 
     ``slots`` and ``index`` are views of the reserved part only (module docstring: lazy pages); they are
     replaced when the table grows, so read them from the table each time rather than keeping them.
-    ``reserve(offset, nbytes)`` backs bytes of `buf` (``ipc.shm.Segment.reserver()``; None: all of `buf` is
+    ``reserve(offset, nbytes)`` backs bytes of `buf` (``nsqpy.ipc.shm.Segment.reserver()``; None: all of `buf` is
     backed) and ``grow_hook(slots)`` is called before a growth to `slots` is published (it raises OSError to
     refuse it).
 

@@ -22,7 +22,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ipc.atomics import py_load_acquire, py_store_release
+from nsqpy.ipc.atomics import py_load_acquire, py_store_release
 
 __all__ = [
     "CACHE_LINE", "LINE", "WORD", "HEADER_WORDS", "H_MAGIC", "H_VERSION", "H_SIZE", "H_PARAMS",
@@ -88,7 +88,7 @@ def bytes_view(buf, offset: int, nbytes: int, what: str = "layout") -> np.ndarra
 def read_only(a: np.ndarray) -> np.ndarray:
     """``a`` when it is read-only, else a read-only view of it. numba compiles a kernel once for read-only and
     once for writable arrays: the wrappers whose kernels take a client's bytes (read-only) as well as a buffer
-    of ours pass both as read-only, so a first start compiles one of them (``workers/warmup.py``)."""
+    of ours pass both as read-only, so a first start compiles one of them (``workers/lane/warmup.py``)."""
     if not a.flags.writeable:
         return a
     view = a.view()

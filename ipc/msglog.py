@@ -15,12 +15,12 @@ Theory of operation
   that many waiting messages plus one segment's worth, the decision being per segment. An ephemeral topic has no
   disk provider (past its count it gets ``LogFull``). The segment table in the control block records each
   segment's tier, so a restarted owner re-attaches every segment where it is.
-* **Space, not only budgets.** Segments are sparse (``ipc.shm``): a segment's pages are reserved (fallocate) as
+* **Space, not only budgets.** Segments are sparse (``nsqpy.ipc.shm``): a segment's pages are reserved (fallocate) as
   the log reaches them, up to RESERVED in the control block (see ``msglog_layout``), so what a topic costs grows
   with what it holds: nothing until its first append (the first segment is created then), a page for one small
   message. A segment's first reservation is what the batch needs; later ones double it (by ``RESERVE_STEP`` ..
   ``RESERVE_STEP_MAX``), so an append pays the reopen + fallocate + close only a few times per segment. The memory
-  tier also leaves /dev/shm's safety reserve free (``ipc.shm.check_shm_room``). When a new segment finds no
+  tier also leaves /dev/shm's safety reserve free (``nsqpy.ipc.shm.check_shm_room``). When a new segment finds no
   space in shared memory it goes to disk like a spill; when the segment at the head cannot grow, it is sealed
   (a PAD to its end) if another tier can take the next segment. When no tier has the space, the append raises
   ``LogNoSpace`` (which tier, which file, why), distinct from ``LogFull`` (budgets): nothing is appended, and
@@ -66,16 +66,16 @@ import os
 import numpy as np
 import posix_ipc
 
-from ipc import msglog_kernels as K
-from ipc.atomics import py_load_acquire, py_store_release
-from ipc.layout import LayoutError, align_up, check_header, read_only, stamp_header, words
-from ipc.msglog_layout import (BAD_POSITION, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, F_PARKED, FULL,
+from nsqpy.ipc import msglog_kernels as K
+from nsqpy.ipc.atomics import py_load_acquire, py_store_release
+from nsqpy.ipc.layout import LayoutError, align_up, check_header, read_only, stamp_header, words
+from nsqpy.ipc.msglog_layout import (BAD_POSITION, CH_LOW_WATER, C_CURSOR, DEFAULT_CHANNELS, EMPTY, F_PARKED, FULL,
                                HDR, MAGIC, NEED_SEGMENT, NO_CHANNEL, NO_LOW_WATER, NO_SPACE_OUT, RESERVED, S_HEAD,
                                S_BACKLOG_SEQ, S_HEAD_SEQ, S_LAST_ID, SEGMENT_TAG, SEGMENT_TAG_VERSION, STATUS_NAMES,
                                TAIL, TIER_DISK, TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base,
                                check_geometry, ctrl_nbytes, ctrl_words, table_at, window_slots)
-from ipc.msglog_window import SegmentWindow
-from ipc.shm import Segment, SegmentError, SegmentProvider, check_shm_room, open_segment_fd, unlink_name
+from nsqpy.ipc.msglog_window import SegmentWindow
+from nsqpy.ipc.shm import Segment, SegmentError, SegmentProvider, check_shm_room, open_segment_fd, unlink_name
 
 __all__ = ["MessageLog", "LogCounters", "ShmSegmentProvider", "ReadBatch", "LogError", "LogFull", "LogNoSpace",
            "DEFAULT_CHANNELS", "NO_LOW_WATER", "RESERVE_STEP", "RESERVE_STEP_MAX", "log_ctrl_nbytes"]
@@ -135,7 +135,7 @@ def log_ctrl_nbytes(segment_size: int, mem_bytes: int, disk_bytes: int = 0,
 
 
 class ShmSegmentProvider(SegmentProvider):
-    """Segments ``<base>.<k>`` in /dev/shm (the memory tier), created through ``ipc.shm.Segment``; reserving in
+    """Segments ``<base>.<k>`` in /dev/shm (the memory tier), created through ``nsqpy.ipc.shm.Segment``; reserving in
     them leaves /dev/shm's safety reserve free."""
 
     tier_name = "memory"
@@ -652,7 +652,7 @@ class MessageLog(LogCounters):
 
     def read_arrays(self, n: int) -> list:
         """The result arrays ``read`` would fill for up to n records, for a kernel that reads the log and goes
-        on in compiled code (workers.kernels.deliver_round); ``ReadBatch.FIELDS`` names them."""
+        on in compiled code (nsqpy.workers.lane.kernels.deliver_round); ``ReadBatch.FIELDS`` names them."""
         return self._batch_for(n)._arrays
 
     def advance(self, ch: int, position: int) -> int:

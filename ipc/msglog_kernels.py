@@ -24,22 +24,22 @@ the first deliverable record, even when its frame alone is over the byte budget:
 alone, and a big message never blocks the channel.
 
 Ordering: every store another process (or a restarted owner) may read is a store_release, every such load a
-load_acquire (ipc.atomics; both are plain moves on x86). A stats reader uses the generation word as a seqlock:
+load_acquire (nsqpy.ipc.atomics; both are plain moves on x86). A stats reader uses the generation word as a seqlock:
 it retries until the generation is the same before and after its loads.
 """
 from __future__ import annotations
 
 from numba import njit
 
-from ipc.atomics import copy_bytes, load_acquire, store_release
-from ipc.msglog_layout import (BAD_POSITION, CH_A, CH_ACTIVE, CH_GEN, CH_LOW_WATER, CH_PRIV_SEQ, CH_STATE_WORDS,
+from nsqpy.ipc.atomics import copy_bytes, load_acquire, store_release
+from nsqpy.ipc.msglog_layout import (BAD_POSITION, CH_A, CH_ACTIVE, CH_GEN, CH_LOW_WATER, CH_PRIV_SEQ, CH_STATE_WORDS,
                                C_CURSOR, C_PRIV_DONE, C_PUB_DONE, CHANNELS_AT, EMPTY, F_PAD, F_PARKED, F_PRIVATE,
                                FRAME_OVERHEAD, FRAME_TYPE_MESSAGE, FULL, HDR, NEED_SEGMENT, NO_CHANNEL,
                                NO_LOW_WATER, NO_SPACE_OUT, P_CHANNELS, P_SEGMENT_SIZE, P_SLOTS, R_CHAN_ATT, R_ID,
                                R_LEN_FLAGS, R_NOT_BEFORE, R_SEQ, R_TS, RESERVED, S_BACKLOG, S_BACKLOG_SEQ,
                                S_HEAD, S_HEAD_SEQ, S_LAST_ID, STATE_A, STATE_GEN, STATE_WORDS, TAIL, TOO_BIG, WINDOW)
-from ipc.layout import LINE_WORDS
-from ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.layout import LINE_WORDS
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
 
 KERNEL = dict(JIT, nogil=True)
 KERNEL_CALLEE = dict(JIT_CALLEE, nogil=True)

@@ -15,7 +15,7 @@ a channel's cursor and its counters) are double-buffered behind a generation wor
 copy and then store-releases gen + 1, so a reader (stats, or a restarted owner after SIGKILL) always sees one
 whole state, old or new, never half of each. The active copy is ``gen & 1``.
 
-RESERVED: segments are sparse files (``ipc.shm``); the owner reserves their pages (posix_fallocate) only as the
+RESERVED: segments are sparse files (``nsqpy.ipc.shm``); the owner reserves their pages (posix_fallocate) only as the
 log reaches them, because touching an unreserved page of a full tmpfs or disk is a SIGBUS, where fallocate fails
 cleanly. Invariant: every byte of a present segment in [head, RESERVED) is reserved, and so is every byte of a
 record below the head (a PAD record's commit word included; what a PAD covers past it may not be). RESERVED is
@@ -55,7 +55,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from ipc.layout import HEADER_WORDS, LINE_WORDS, LayoutError, is_power_of_two, magic
+from nsqpy.ipc.layout import HEADER_WORDS, LINE_WORDS, LayoutError, is_power_of_two, magic
 
 MAGIC = magic("NSQMSLOG")
 VERSION = 2  # 2: RESERVED (lazily reserved segments)

@@ -9,7 +9,7 @@ object or a file: the kernels cannot tell). Releasing a slot maps fresh PROT_NON
 reserved and nothing else of the process is ever placed inside it. The numpy views (``data``, ``data64``) span the
 whole range (until the log grows the window); touching an unmapped slot is a SIGSEGV, i.e. a kernel bug, never
 silent corruption.
-A segment file is sparse (only what the log reached is reserved, see ``ipc.msglog``): mapping it whole commits
+A segment file is sparse (only what the log reached is reserved, see ``nsqpy.ipc.msglog``): mapping it whole commits
 nothing, so a slot costs address space only, and big segments (up to ``MAX_SEGMENT_SIZE``; 128 MiB for a 64 MiB
 --max-msg-size) cost no more than small ones until they fill. A window holds the segments retained now, not the
 whole budget: it starts at INITIAL_WINDOW slots and the log replaces it by one twice as big when it outgrows it
@@ -23,7 +23,7 @@ owner for milliseconds at every 8 MiB segment, by hand), all at once in the faul
 before it gets the kernel's normal readahead back: from then on it is only read, maybe from disk after its pages
 were evicted. A /dev/shm segment has no readahead to turn off.
 
-Python's ``mmap`` module cannot map at a fixed address, hence libc ``mmap`` through ctypes (``ipc.rawmap``); it
+Python's ``mmap`` module cannot map at a fixed address, hence libc ``mmap`` through ctypes (``nsqpy.ipc.rawmap``); it
 runs only when a segment is created, attached or released.
 
 Resource handling: ``close()`` unmaps the whole range; the views must not be used after it (the owning
@@ -35,7 +35,7 @@ import mmap
 
 import numpy as np
 
-from ipc.rawmap import madvise, mmap_at, munmap
+from nsqpy.ipc.rawmap import madvise, mmap_at, munmap
 
 __all__ = ["SegmentWindow"]
 

@@ -13,7 +13,7 @@ read-only (a system install). So every kernel module of ours imports ``ipc`` fir
 and its siblings ``nsqpy/`` and ``workers/``), so any edit there starts a fresh directory instead of reusing stale
 code. Not only the kernels' own files: numba freezes the value of every global a kernel reads into its machine
 code, and keys a cached kernel on its own file's content only, so a constant a kernel imports from a module
-without kernels (``workers.session.FIN_LINE``, ``nsqpy.protocol.states``) would otherwise stay at its old value
+without kernels (``nsqpy.workers.domain.session.FIN_LINE``, ``nsqpy.protocol.states``) would otherwise stay at its old value
 in every cached kernel that uses it.
 
 The directory does not depend on where the code lives, so a reinstall anywhere (a new virtualenv, a release
@@ -38,7 +38,7 @@ checkout's, a reinstall's), instead of taking it for an operator's.
 
 Every edit, upgrade or second checkout leaves a directory of a few MB behind, so ``prune`` (called by a first
 start's warm-up) removes the sibling directories of ours that no start used for PRUNE_AFTER_S: the newest of a
-directory's own time and its warm-up mark's, which every start touches (``workers/warmup.py``). Only a directory
+directory's own time and its warm-up mark's, which every start touches (``workers/lane/warmup.py``). Only a directory
 this module chose is pruned around, never around an operator's ``NUMBA_CACHE_DIR``.
 """
 from __future__ import annotations
@@ -78,20 +78,37 @@ _LEAF = re.compile(r"^.+-py\d+\.\d+-numba[^-]+-[0-9a-f]{12}$")  # configure()'s 
 
 
 @functools.lru_cache(maxsize=None)
-def source_roots() -> tuple[Path, ...]:
+def source_roots() -> tuple[tuple[str, Path], ...]:
+    """(name, directory) of each package whose sources the cache covers: ``ipc`` (here), ``workers`` and ``nsqpy``,
+    alike in a checkout (the three folders side by side at the top) and installed (``nsqpy/`` holding ``ipc/`` and
+    ``workers/``, as setup.cfg's package_dir maps them)."""
     here = Path(__file__).resolve().parent
-    return tuple(p for p in (here, here.parent / "nsqpy", here.parent / "workers") if p.is_dir())
+    top = here.parent  # a checkout: the repository; installed: site-packages/nsqpy
+    nsqpy = top if (top / "__init__.py").is_file() else top / "nsqpy"
+    return tuple((n, p) for n, p in (("ipc", here), ("workers", top / "workers"), ("nsqpy", nsqpy)) if p.is_dir())
+
+
+_MAPPED = ("ipc", "workers", "http_api")  # installed inside nsqpy/: counted under their own names, or not at all
+
+
+def _sources(roots):
+    """(name, path) of every source file under ``roots``, named as in a checkout whatever the layout."""
+    for name, root in roots:
+        for path in sorted(root.rglob("*.py")):
+            rel = path.relative_to(root)
+            if name == "nsqpy" and rel.parts[0] in _MAPPED:
+                continue
+            yield f"{name}/{rel.as_posix()}", path
 
 
 def _sources_hash(roots) -> str:
     digest = hashlib.blake2b(digest_size=6)
-    for root in roots:
-        for path in sorted(root.rglob("*.py")):
-            try:
-                text = path.read_bytes()
-            except OSError:
-                continue
-            digest.update(str(path.relative_to(root.parent)).encode() + b"\0" + text + b"\0")
+    for name, path in _sources(roots):
+        try:
+            text = path.read_bytes()
+        except OSError:
+            continue
+        digest.update(name.encode() + b"\0" + text + b"\0")
     return digest.hexdigest()
 
 
@@ -163,9 +180,9 @@ def _package_subpath(py_file):
     """``nsqpy_protocol`` for .../nsqpy/protocol/states.py under one of our source roots; None elsewhere. Once
     per module, not once for each of its kernels (a warm start's imports create ~170; first_start_locator.json)."""
     path = Path(py_file).resolve()
-    for root in source_roots():
+    for name, root in source_roots():  # ipc and workers before nsqpy, which holds them when installed
         if path.is_relative_to(root):
-            return "_".join(path.parent.relative_to(root.parent).parts)
+            return "_".join((name, *path.parent.relative_to(root).parts))
     return None
 
 

@@ -5,7 +5,7 @@
   for as long as the topic lived: with ``ulimit -n`` at its usual 1024, about a thousand topics per worker. The
   mapping is returned as a uint8 numpy array whose owner unmaps it when the last view of it is collected, so
   closing early can never leave a dangling view (the same guarantee ``mmap.mmap.close`` gives with BufferError).
-* ``mmap_at``: a mapping at a fixed address (the message log's segment window, ``ipc.msglog_window``).
+* ``mmap_at``: a mapping at a fixed address (the message log's segment window, ``nsqpy.ipc.msglog_window``).
 """
 from __future__ import annotations
 

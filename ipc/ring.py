@@ -12,11 +12,11 @@ Layout at ``offset`` (8-aligned; 128-aligned keeps each line on its own cache li
                          | data offset (from +0; CONTROL_BYTES unless the caller put the data elsewhere) (written once)
     +128   producer line TAIL (committed, store-release) | CLAIM (next free byte, private) | cached HEAD
                          | COUNT slot 0: tail, count | COUNT slot 1: tail, count | CLAIMED count   (producer writes)
-                         | WANT_ROOM (the producer waits for room: its reader wakes it, workers/records.py)
+                         | WANT_ROOM (the producer waits for room: its reader wakes it, workers/publishing/records.py)
                          | RESERVED (data bytes backed, from index 0) | WANT (how far a claim needed them)
                          | OUTGROWN (full while pages were left)
     +256   consumer line HEAD (released, store-release) | READ (next unread, private)             (consumer writes)
-                         | STALLED (its users' flag: the reader cannot take the next record, workers/records.py)
+                         | STALLED (its users' flag: the reader cannot take the next record, workers/publishing/records.py)
     +384   data          capacity bytes of records (or at the data offset):
 
            | int64 header: low 32 bits payload length, high 32 bits type | payload | pad to 8 bytes | next ...
@@ -72,9 +72,9 @@ import time
 import numpy as np
 from numba import njit
 
-from ipc.numba_cache import JIT, JIT_CALLEE
-from ipc.atomics import copy_bytes, get_word, load_acquire, put_word, py_load_acquire, store_release
-from ipc.layout import (H_PARAMS, LINE, LINE_WORDS, align_up, bytes_view, check_header, is_power_of_two,
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.atomics import copy_bytes, get_word, load_acquire, put_word, py_load_acquire, store_release
+from nsqpy.ipc.layout import (H_PARAMS, LINE, LINE_WORDS, align_up, bytes_view, check_header, is_power_of_two,
                         line_words, magic, read_only, stamp_header, words)
 
 __all__ = [
@@ -96,12 +96,12 @@ PAD = -1  # record type of padding; user types are >= 0
 # word indices into the control block (three lines)
 _P = line_words(1)
 P_TAIL, P_CLAIM, P_CACHED_HEAD, P_S0_TAIL, P_S0_COUNT, P_S1_TAIL, P_S1_COUNT, P_CLAIMED = range(_P, _P + 8)
-P_WANT_ROOM = _P + 8  # not used by the ring itself: a flag of its users (workers/records.py)
+P_WANT_ROOM = _P + 8  # not used by the ring itself: a flag of its users (workers/publishing/records.py)
 # lazy pages: data bytes reserved from index 0, how far a claim needed them, and "full with pages left: grow"
 P_RESERVED, P_WANT, P_OUTGROWN = _P + 9, _P + 10, _P + 11
 _C = line_words(2)
 C_HEAD, C_READ = _C, _C + 1
-C_STALLED = _C + 2  # not used by the ring itself: a flag of its users (workers/records.py)
+C_STALLED = _C + 2  # not used by the ring itself: a flag of its users (workers/publishing/records.py)
 CONTROL_WORDS = 3 * LINE_WORDS
 CONTROL_BYTES = 3 * LINE
 
@@ -333,7 +333,7 @@ class Ring:
 
     ``data_offset`` puts the data area elsewhere in ``buf`` than right after the control block (many rings can
     then keep their control blocks together, and their data page-aligned). ``reserve(offset, nbytes)`` backs
-    bytes of ``buf`` (e.g. ``ipc.shm.Segment.reserver()``): a ring created with it starts with no data page
+    bytes of ``buf`` (e.g. ``nsqpy.ipc.shm.Segment.reserver()``): a ring created with it starts with no data page
     reserved and reserves them as its producer first reaches them; a producer must be given it too (it raises
     OSError when it cannot, and the write then fails as a full ring would, with ``out_of_pages`` set: waiting
     for the reader will not help, only free /dev/shm will).

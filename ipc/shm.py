@@ -59,9 +59,9 @@ import time
 import numpy as np
 import posix_ipc
 
-from ipc.atomics import py_load_acquire
-from ipc.rawmap import map_fd
-from ipc.layout import (HEADER_WORDS, H_MAGIC, H_PARAMS, H_SIZE, LayoutError, align_up, check_header, magic,
+from nsqpy.ipc.atomics import py_load_acquire
+from nsqpy.ipc.rawmap import map_fd
+from nsqpy.ipc.layout import (HEADER_WORDS, H_MAGIC, H_PARAMS, H_SIZE, LayoutError, align_up, check_header, magic,
                         stamp_header, words)
 
 __all__ = ["Segment", "MappedPayload", "SegmentProvider", "SegmentReserver", "reserve_and_map", "reserve_range",
@@ -87,7 +87,7 @@ SHM_KEEP_FREE_FRACTION = 0.02
 # A group of segments without a readable control segment may belong to a broker that is starting right now
 # (warm-up segments come before control-0, and a segment is unreadable between its creation and its stamp).
 INSTANCE_GRACE = 60.0
-CONTROL_KIND = "control-0"  # created first by a broker's supervisor (workers/plan.py), unlinked last
+CONTROL_KIND = "control-0"  # created first by a broker's supervisor (workers/processes/plan.py), unlinked last
 
 
 class SegmentError(OSError):
@@ -141,7 +141,7 @@ def _alive(pid: int, start: int) -> bool:
 
 class MappedPayload:
     """A mapping that starts with a layout header page, payload after it: what Segment (/dev/shm) and
-    ipc.filesegment.FileSegment (disk) share. ``buf`` is a writable uint8 view of the payload."""
+    nsqpy.ipc.filesegment.FileSegment (disk) share. ``buf`` is a writable uint8 view of the payload."""
 
     def __init__(self, name: str, mapping: mmap.mmap):
         self.name = name
@@ -253,9 +253,9 @@ def check_mapped_header(mapping: mmap.mmap, magic_word: int, version: int, size,
 
 
 class SegmentProvider:
-    """Numbered segments of one message log in one tier (``ipc.msglog`` maps them into its window): the duck type
+    """Numbered segments of one message log in one tier (``nsqpy.ipc.msglog`` maps them into its window): the duck type
     the log uses (``tier_name``, ``payload_offset``, ``name``, ``create``, ``open``, ``reserve``, ``unlink``).
-    Subclasses give ``segment_class`` (Segment or ipc.filesegment.FileSegment), ``name(k)``, ``_fd(k)`` (a new
+    Subclasses give ``segment_class`` (Segment or nsqpy.ipc.filesegment.FileSegment), ``name(k)``, ``_fd(k)`` (a new
     fd of an existing segment, SegmentError if there is none) and ``unlink(k)``; ``_check_room`` is the tier's own
     limit on reserving more (the /dev/shm safety reserve for the memory tier)."""
 
@@ -329,7 +329,7 @@ class Segment(MappedPayload):
             shm = posix_ipc.SharedMemory(name, posix_ipc.O_CREX, mode=0o600)
         except posix_ipc.ExistentialError as exc:
             raise SegmentError(errno.EEXIST, f"shared-memory segment {name} already exists "
-                                             f"(stale? see ipc.shm.find_stale)") from exc
+                                             f"(stale? see nsqpy.ipc.shm.find_stale)") from exc
         try:
             mapping = reserve_and_map(shm.fd, total, f"{name} in {SHM_DIR}", "is /dev/shm full?",
                                       reserved_bytes(reserve, total))

@@ -48,11 +48,11 @@ import errno
 import numpy as np
 from numba import njit
 
-from ipc.numba_cache import JIT
-from ipc.atomics import cpu_pause, fence, load_acquire, py_fetch_add, py_load_acquire, py_store_release, \
+from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.atomics import cpu_pause, fence, load_acquire, py_fetch_add, py_load_acquire, py_store_release, \
     store_release
-from ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
-from ipc.shm import Segment, SegmentError, _start_time, own_start, unlink_name
+from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
+from nsqpy.ipc.shm import Segment, SegmentError, _start_time, own_start, unlink_name
 
 __all__ = ["Board", "RowTable", "RowWriter", "RowReader", "ROW_WORDS", "R_GEN", "R_KIND", "R_UID", "R_BODY",
            "BODY_WORDS", "IMMUTABLE_WORDS", "COPY_WORDS", "COPY_A", "COPY_B", "FREE", "counters_of",

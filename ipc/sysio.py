@@ -33,7 +33,7 @@ import numpy as np
 from numba import njit, types, uint8
 from numba.core.typing.ctypes_utils import from_ctypes
 
-from ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
 
 LIBC = ctypes.CDLL(None, use_errno=True)
 

@@ -36,9 +36,9 @@ import select
 
 from numba import njit
 
-from ipc.numba_cache import JIT
-from ipc.atomics import cas, fence, fetch_add, load_acquire, store_release
-from ipc.layout import LINE, LINE_WORDS, check_header, line_words, magic, stamp_header, words
+from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.atomics import cas, fence, fetch_add, load_acquire, store_release
+from nsqpy.ipc.layout import LINE, LINE_WORDS, check_header, line_words, magic, stamp_header, words
 
 __all__ = ["Wakeups", "make_eventfd", "wake_arm", "wake_disarm", "wake_check", "W_SLEEPING", "W_SIGNALS"]
 

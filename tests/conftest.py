@@ -53,7 +53,7 @@ def _no_segment_left(request):
 
 
 def _created_here(entry: str) -> bool:
-    from ipc.shm import Segment  # imported late: numba loads only for suites that use ipc
+    from nsqpy.ipc.shm import Segment  # imported late: numba loads only for suites that use ipc
     try:
         seg = Segment.attach("/" + entry)
     except Exception:

@@ -8,8 +8,8 @@ Floors, lowest first (a module may import its own floor and the ones below it):
 
 Every import counts, also one inside a function or under ``if TYPE_CHECKING:``: a lazy import still ties the two
 modules together (and a circle of lazy imports is one edit away from an ImportError at start). An import names the
-deepest module of ours it reaches: ``from workers import fastlane`` is an edge to ``workers.fastlane``, ``from
-workers.fastlane import _Peer`` one to ``workers.fastlane``.
+deepest module of ours it reaches: ``from workers import fastlane`` is an edge to ``nsqpy.workers.lane.fastlane``, ``from
+nsqpy.workers.lane.fastlane import _Peer`` one to ``nsqpy.workers.lane.fastlane``.
 """
 from __future__ import annotations
 
@@ -18,13 +18,15 @@ from pathlib import Path
 
 ROOT = Path(__file__).resolve().parent.parent
 FLOORS = {"ipc": 0, "nsqpy": 1, "workers": 2, "http_api": 2}
+INSTALLED = {"ipc": "nsqpy.ipc", "nsqpy": "nsqpy", "workers": "nsqpy.workers", "http_api": "nsqpy.http_api"}
 
 
 def _modules() -> dict[str, Path]:
+    """Every module of ours by its installed name (setup.cfg's package_dir: ``workers/`` is ``nsqpy.workers``)."""
     found = {}
     for top in FLOORS:
         for path in sorted((ROOT / top).rglob("*.py")):
-            parts = list(path.relative_to(ROOT).with_suffix("").parts)
+            parts = [INSTALLED[top], *path.relative_to(ROOT / top).with_suffix("").parts]
             if parts[-1] == "__init__":
                 parts.pop()
             found[".".join(parts)] = path
@@ -63,7 +65,8 @@ def _targets(node: ast.Import | ast.ImportFrom, name: str, path: Path, modules: 
 
 
 def _floor(module: str) -> int:
-    return FLOORS[module.partition(".")[0]]
+    top = module.split(".")[1] if module.startswith("nsqpy.") else "nsqpy"
+    return FLOORS.get(top, FLOORS["nsqpy"])
 
 
 def _circles(graph: dict[str, set[str]]) -> list[list[str]]:
@@ -127,8 +130,8 @@ def _cycle_in(component: list[str], graph: dict[str, set[str]]) -> list[str]:
 def test_the_walk_sees_known_edges():
     graph = _graph()
     assert "nsqpy.protocol.kernels" in graph["nsqpy.protocol.v2_parser"]
-    assert "ipc.numba_cache" in graph["nsqpy.protocol.kernels"]
-    assert "workers.supervisor" in graph["workers.nsqd"]
+    assert "nsqpy.ipc.numba_cache" in graph["nsqpy.protocol.kernels"]
+    assert "nsqpy.workers.processes.supervisor" in graph["nsqpy.workers.processes.nsqd"]
 
 
 def test_no_import_circles():

@@ -22,9 +22,9 @@ import time
 
 import falcon
 
-from http_api.asgi import AsyncMiddleware, AsyncResource, async_handler
-from http_api.methods import MethodCheck
-from http_api.query import BadQuery, parse_query
+from nsqpy.http_api.asgi import AsyncMiddleware, AsyncResource, async_handler
+from nsqpy.http_api.methods import MethodCheck
+from nsqpy.http_api.query import BadQuery, parse_query
 from nsqpy.config.duration import format_duration
 from nsqpy.lookupd.queries import go_json
 from nsqpy.protocol.names import is_valid_name

@@ -2,7 +2,7 @@
 
     nsqlookupd --tcp-address=0.0.0.0:4160 --http-address=0.0.0.0:4161 [--broadcast-address=...]
 
-Processes (under ``workers.supervisor``, the broker's supervisor: restarts with back-off, TERM -> deadline ->
+Processes (under ``nsqpy.workers.processes.supervisor``, the broker's supervisor: restarts with back-off, TERM -> deadline ->
 KILL):
 
     supervisor   parses the options, binds the TCP and HTTP listeners and the registry's unix socket (abstract
@@ -40,7 +40,7 @@ def version_string() -> str:
             f"{platform.python_version()})")
 
 
-# Each child dies with the supervisor by SIGKILL (workers.supervisor forks it so): nothing to save, and its ports
+# Each child dies with the supervisor by SIGKILL (nsqpy.workers.processes.supervisor forks it so): nothing to save, and its ports
 # must be free for the next nsqlookupd at once; the arbiter's workers die with the arbiter the same way.
 def _registry_child(opts, tcp, http, query, hostname, log):
     def run(restarted, ready_fd):
@@ -53,7 +53,7 @@ def _registry_child(opts, tcp, http, query, hostname, log):
 
 def _http_child(opts, tcp, http, query, query_address, log):
     def run(restarted, ready_fd):
-        from http_api.lookupd.server import serve
+        from nsqpy.http_api.lookupd.server import serve
         tcp.close()
         query.close()
         serve(http, query_address, opts.http_workers, ready_fd, log)
@@ -61,7 +61,7 @@ def _http_child(opts, tcp, http, query, query_address, log):
 
 
 def main(argv=None) -> int:
-    from workers.supervisor import Supervisor  # the broker's supervisor serves here too
+    from nsqpy.workers.processes.supervisor import Supervisor  # the broker's supervisor serves here too
 
     started = daemon_options(NsqlookupdOptions, sys.argv[1:] if argv is None else argv, "nsqlookupd", version_string)
     if isinstance(started, int):

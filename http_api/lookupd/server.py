@@ -1,4 +1,4 @@
-"""gunicorn, run programmatically in nsqlookupd's "http" child, serving ``http_api.lookupd.app``.
+"""gunicorn, run programmatically in nsqlookupd's "http" child, serving ``nsqpy.http_api.lookupd.app``.
 
 The listening socket is bound by the ``nsqlookupd`` supervisor (so port 0 is known before anything forks and a
 restarted arbiter serves the same port); the arbiter gets it as a ready listener. The workers are gunicorn's asgi
@@ -20,8 +20,8 @@ from gunicorn.app.base import BaseApplication
 from gunicorn.arbiter import Arbiter
 from gunicorn.sock import TCP6Socket, TCPSocket
 
-from http_api.asgi_worker import HeaderDeadlineWorker
-from http_api.gunicorn_log import NsqGunicornLog
+from nsqpy.http_api.asgi_worker import HeaderDeadlineWorker
+from nsqpy.http_api.gunicorn_log import NsqGunicornLog
 from nsqpy.process import die_with_parent, ignore_interrupt
 
 __all__ = ["serve", "LookupdGunicorn"]
@@ -64,7 +64,7 @@ class LookupdGunicorn(BaseApplication):
                 self.cfg.set(key, value)
 
     def load(self):
-        from http_api.lookupd.app import create_app
+        from nsqpy.http_api.lookupd.app import create_app
         from nsqpy.lookupd.queries import RemoteQueries
         return create_app(RemoteQueries(self.query_address), self.nsq_log, asgi=True)
 

@@ -20,8 +20,8 @@ import string
 
 import falcon
 
-from http_api.lookupd.app import RequestLog
-from http_api.query import BadQuery, parse_query
+from nsqpy.http_api.lookupd.app import RequestLog
+from nsqpy.http_api.query import BadQuery, parse_query
 from nsqpy.admin import metrics
 from nsqpy.admin.notify import RequestFacts
 from nsqpy.admin.service import AdminError

@@ -2,7 +2,7 @@
 
     nsqadmin --lookupd-http-address=127.0.0.1:4161 [--http-address=0.0.0.0:4171] [--base-path=/admin]
 
-Processes, as nsqlookupd's HTTP (under ``workers.supervisor``: restart with back-off, TERM -> deadline -> KILL):
+Processes, as nsqlookupd's HTTP (under ``nsqpy.workers.processes.supervisor``: restart with back-off, TERM -> deadline -> KILL):
 
     supervisor   parses and checks the options (Go's start-up checks: one line and exit 1 on a bad address, TLS
                  file or graphite URL), binds the HTTP listener, forks the child, prints NSQ's listening line
@@ -58,17 +58,17 @@ def start_errors(opts) -> list[str]:
     return errors
 
 
-# The child dies with the supervisor by SIGKILL (workers.supervisor forks it so): nothing to save, and the port must
+# The child dies with the supervisor by SIGKILL (nsqpy.workers.processes.supervisor forks it so): nothing to save, and the port must
 # be free for the next nsqadmin at once; the arbiter's worker dies with the arbiter the same way.
 def _http_child(opts, sock, log):
     def run(restarted, ready_fd):
-        from http_api.nsqadmin.server import serve
+        from nsqpy.http_api.nsqadmin.server import serve
         serve(sock, opts, ready_fd, log)
     return run
 
 
 def main(argv=None) -> int:
-    from workers.supervisor import Supervisor
+    from nsqpy.workers.processes.supervisor import Supervisor
 
     started = daemon_options(NsqadminOptions, sys.argv[1:] if argv is None else argv, "nsqadmin", version_string)
     if isinstance(started, int):

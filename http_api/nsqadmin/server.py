@@ -1,6 +1,6 @@
-"""gunicorn, run programmatically in nsqadmin's "http" child, serving ``http_api.nsqadmin.app``.
+"""gunicorn, run programmatically in nsqadmin's "http" child, serving ``nsqpy.http_api.nsqadmin.app``.
 
-The same arbiter set-up as nsqlookupd's (``http_api.lookupd.server``: the supervisor binds the socket, gunicorn's
+The same arbiter set-up as nsqlookupd's (``nsqpy.http_api.lookupd.server``: the supervisor binds the socket, gunicorn's
 log goes through nsqpy's logger, workers die with the arbiter), with one difference: one ``gthread`` worker with
 ``THREADS`` threads instead of several sync workers. nsqadmin holds state that every request must see (options
 changed through ``/config``, the health tracker's samples, the nodes it has seen, the notification queue), and
@@ -8,8 +8,8 @@ its requests spend their time waiting on nsqd and nsqlookupd, not on the CPU: th
 """
 from __future__ import annotations
 
-from http_api.gunicorn_log import NsqGunicornLog
-from http_api.lookupd.server import LookupdGunicorn
+from nsqpy.http_api.gunicorn_log import NsqGunicornLog
+from nsqpy.http_api.lookupd.server import LookupdGunicorn
 
 __all__ = ["serve", "THREADS"]
 
@@ -33,7 +33,7 @@ class AdminGunicorn(LookupdGunicorn):
             self.cfg.set(key, value)
 
     def load(self):
-        from http_api.nsqadmin.app import create_app
+        from nsqpy.http_api.nsqadmin.app import create_app
         from nsqpy.admin.service import AdminService
         return create_app(AdminService(self.opts, self.nsq_log), self.nsq_log)
 

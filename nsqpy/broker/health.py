@@ -14,7 +14,7 @@ __all__ = ["unhealthy_reason", "health_text"]
 def unhealthy_reason(plan) -> str | None:
     """None when healthy, else the error that made the broker unhealthy (nsqd's text after ``NOK - ``): a worker
     whose last attempt to store messages failed (no space in /dev/shm or on the data path's disk, an I/O error),
-    until one of its stores works again. One word per worker in the control block (``workers/control.py``)."""
+    until one of its stores works again. One word per worker in the control block (``workers/control/block.py``)."""
     failing = [w for w in range(plan.workers) if plan.control.storage_failed(w)]
     if not failing:
         return None

@@ -4,7 +4,7 @@ Theory of operation
 -------------------
 Counters live in the Python objects of the worker that owns them (a topic and its channels in the topic's owner;
 a client in the worker serving its connection: consumers sit with their topic's owner, producers wherever the
-acceptor put them). Each worker publishes them (``workers/stats.py``) as rows of its own one-writer table in
+acceptor put them). Each worker publishes them (``workers/domain/stats_rows.py``) as rows of its own one-writer table in
 shared memory (``ipc/statrows.py``: per-row double buffering, so a reader never waits on a writer and a crashed
 writer leaves whole rows). This module is the schema of those rows and the reader.
 
@@ -36,7 +36,7 @@ otherwise only the dicts of rows whose GEN moved are made anew (``_build``). So 
 what changed; a snapshot of 1000 topics with 5 channels each in which everything changed is mostly building
 dicts (benchmarks/stats_snapshot.py). Results are therefore read-only: serialise them, never modify them.
 
-Freshness: a worker republishes what changed at most every ``workers.stats.PERIOD`` (100 ms), and at once when a
+Freshness: a worker republishes what changed at most every ``nsqpy.workers.domain.stats_rows.PERIOD`` (100 ms), and at once when a
 reader asks (``refresh``: a ticket per worker on the board, a wake-up for sleeping workers, through their eventfds
 when the reader holds the Plan, else STATS_WAKE_SIGNAL, then a wait, bounded by ``timeout``, until each worker
 answered it). A worker that is dead (its pid and start time on the board) is not waited for; a dead or busy one
@@ -59,8 +59,8 @@ from functools import partial
 
 import numpy as np
 
-from ipc.shm import Segment, segment_name
-from ipc.statrows import (B_PID, B_USER, BODY_WORDS, R_BODY, R_GEN, R_KIND, R_UID, Board, RowReader, counters_of,
+from nsqpy.ipc.shm import Segment, segment_name
+from nsqpy.ipc.statrows import (B_PID, B_USER, BODY_WORDS, R_BODY, R_GEN, R_KIND, R_UID, Board, RowReader, counters_of,
                           writer_alive)
 from nsqpy.protocol.identify import ServerSettings
 
@@ -69,7 +69,7 @@ __all__ = ["StatsReader", "create_board", "board_name", "table_name", "encode_na
            "STATS_WAKE_SIGNAL", "encode_e2e", "e2e_counters"]
 
 # How a reader that does not hold the Plan's eventfds wakes a sleeping worker: the worker's loop turns it into an
-# fd event (workers/loop.py); its default action is to be ignored, so a worker that has not installed its handler
+# fd event (workers/processes/event_loop.py); its default action is to be ignored, so a worker that has not installed its handler
 # yet is not hurt by it.
 STATS_WAKE_SIGNAL = signal.SIGURG
 VERSION = next(f.default for f in dataclasses.fields(ServerSettings) if f.name == "version")  # NSQ's, "1.3.0"
@@ -107,7 +107,7 @@ def table_name(data_path: str, node_id: int, worker: int, generation: int) -> st
 
 
 def create_board(seg, workers: int) -> Board:
-    """The board, in a segment the supervisor created before fork (workers/plan.py), stamped with the start time
+    """The board, in a segment the supervisor created before fork (workers/processes/plan.py), stamped with the start time
     /stats reports."""
     board = Board.create(seg.buf, workers)
     board.set_global(G_START_TIME, int(time.time()))

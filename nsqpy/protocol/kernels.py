@@ -15,7 +15,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
 
 # Status codes shared with the Python layer.
 OK = 0

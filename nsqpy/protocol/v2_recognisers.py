@@ -1,5 +1,5 @@
 """Compiled recognisers of V2's publish commands in their plainest form: the broker's fast path (the pump,
-workers/pump.py) asks them whether one socket read is exactly one whole PUB or MPUB, and how many bytes a read
+workers/lane/pump.py) asks them whether one socket read is exactly one whole PUB or MPUB, and how many bytes a read
 that began one still lacks.
 
 They only ever *accept*: a read they take is one the reference parser (``v2_parser``) reads as that same single
@@ -9,15 +9,15 @@ stages a read only for a name it already learnt from the parser. tests/protocol/
 them to the parser's byte tables.
 
 Kernels are pure functions over a uint8 buffer and ints (``buf[at:at + got]`` is the read), compiled with the
-broker's options (``ipc.numba_cache``); the pump inlines them in its read loop and the warm-up compiles that.
+broker's options (``nsqpy.ipc.numba_cache``); the pump inlines them in its read loop and the warm-up compiles that.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
-from ipc.numba_cache import JIT, JIT_CALLEE
-from ipc.sysio import be32
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.sysio import be32
 from nsqpy.protocol.names import MAX_NAME_LENGTH
 
 __all__ = ["lone_pub_line", "lone_mpub_line", "short_by"]

@@ -6,7 +6,7 @@ Format (spec 12): a queue ``name`` (a topic, or ``topic:channel``) is a chain of
 ``depth\\nreadFileNum,readPos\\nwriteFileNum,writePos\\n``. Files roll at ``max_bytes_per_file``.
 
 nsqpy writes these files at a clean shutdown (every unfinished message) and after a whole-broker crash (what the
-dead instance left, ``workers/salvage.py``), and reads them at start, its own and Go nsqd's alike, so an operator
+dead instance left, ``workers/storage/broker_crash.py``), and reads them at start, its own and Go nsqd's alike, so an operator
 can swap binaries either way. What go-diskqueue cannot say (when a deferred message is due) goes to a side file
 (``deferred_path``) that Go nsqd ignores: Go then delivers those messages at once, as it does with its own.
 

@@ -4,7 +4,7 @@
 
 Ephemeral topics and channels are left out (as NSQ). Written through ``nsqd.dat.tmp`` (fsync, rename, fsync of the
 directory), so a reader finds the old or the new file, never a torn one. nsqpy's workers keep their own journals
-while running (``workers/meta.py``, fast and crash-safe); the supervisor writes this file from them whenever they
+while running (``workers/storage/topic_journal.py``, fast and crash-safe); the supervisor writes this file from them whenever they
 change and at exit, and every start reads it (``load``), so Go nsqd and nsqpy can take over each other's data path.
 """
 from __future__ import annotations

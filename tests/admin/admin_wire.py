@@ -1,4 +1,4 @@
-"""Helpers of the nsqadmin tests: a real ``nsqadmin`` (``python -m http_api.nsqadmin.main``) on port 0 that
+"""Helpers of the nsqadmin tests: a real ``nsqadmin`` (``python -m nsqpy.http_api.nsqadmin.main``) on port 0 that
 announces its address in NSQ's listening line, plain HTTP to it and to the nodes, and a cluster description.
 
 Every wait polls a condition with a deadline (``eventually``): the machine is small and shared, and the
@@ -75,7 +75,7 @@ class Admin(LoggedProcess):
     name = "nsqadmin"
 
     def __init__(self, *flags):
-        super().__init__("http_api.nsqadmin.main", ["--http-address=127.0.0.1:0", *flags])
+        super().__init__("nsqpy.http_api.nsqadmin.main", ["--http-address=127.0.0.1:0", *flags])
         with self.starting():
             m = self.wait_for_line(HTTP_RE, DEADLINE)
         self.address = (m.group(1), int(m.group(2)))

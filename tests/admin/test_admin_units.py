@@ -10,7 +10,7 @@ import threading
 import falcon.testing
 import pytest
 
-from http_api.nsqadmin.app import base_join, create_app, normalize_base_path
+from nsqpy.http_api.nsqadmin.app import base_join, create_app, normalize_base_path
 from nsqpy.admin.aggregate import ChannelTotal, TopicTotal, channel_row, topic_row
 from nsqpy.admin.cluster import AllFailed, ClusterInfo
 from nsqpy.admin.health import HealthTracker

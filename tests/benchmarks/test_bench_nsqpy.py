@@ -16,7 +16,7 @@ RUN = ["--runfor", "1s", "--connections", "2", "--no-ceiling"]
 @pytest.fixture(scope="module")
 def nsqpy(tmp_path_factory):
     data = tmp_path_factory.mktemp("nsqpy-bench")
-    argv = python_module("workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+    argv = python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                          f"--data-path={data}", "--workers=2",
                          "--node-id=11")
     with ListeningProcess(argv, ready_timeout=120) as server:
@@ -82,8 +82,8 @@ def test_compare_starts_nsqpy_itself(tmp_path):
 
 def test_pub_compare_runs_a_fresh_nsqpy_per_run_and_reports_its_cpu():
     code, result = run_tool("benchmarks.pub_compare", "--connections", "2", "--rounds", "1", "--runfor", "1s",
-                            "--server", "nsqpy={python} -m workers.nsqd --tcp-address=127.0.0.1:0 --http-address= "
-                            "--data-path={data_path} --workers=2", "--server", "spread={python} -m workers.nsqd "
+                            "--server", "nsqpy={python} -m nsqpy.workers.processes.nsqd --tcp-address=127.0.0.1:0 --http-address= "
+                            "--data-path={data_path} --workers=2", "--server", "spread={python} -m nsqpy.workers.processes.nsqd "
                             "--tcp-address=127.0.0.1:0 --http-address= --data-path={data_path} --workers=2 "
                             "--producer-placement=spread", "--cwd", f"spread={REPO}", timeout=300)
     assert code == 0 and result["errors"] == 0
@@ -117,7 +117,7 @@ def test_first_start_times_warm_up_steps_compiled_alone_and_deals_them_out():
     code, result = run_tool("benchmarks.first_start", "--steps", "7,12", timeout=600)
     assert code == 0
     assert [s["index"] for s in result["steps"]] == [7, 12] and all(s["s"] > 0 for s in result["steps"])
-    assert [s["name"] for s in result["steps"]] == ["workers.records.warm_up", "ipc.statrows.warm_up"]
+    assert [s["name"] for s in result["steps"]] == ["nsqpy.workers.publishing.records.warm_up", "nsqpy.ipc.statrows.warm_up"]
     one, many = result["predicted_kernels_s"]["1"], result["predicted_kernels_s"]["64"]
     seconds = [s["s"] for s in result["steps"]]
     assert one == round(sum(seconds), 2) and many == round(max(seconds), 2)  # one process; one each

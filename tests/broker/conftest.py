@@ -1,4 +1,4 @@
-"""Start a real nsqd (python -m workers.nsqd) on port 0 and read the real address from its log line.
+"""Start a real nsqd (python -m nsqpy.workers.processes.nsqd) on port 0 and read the real address from its log line.
 
 ``nsqd_factory(*flags)`` starts one and returns an ``Nsqd`` handle; every broker started in a test is stopped
 with SIGTERM at teardown, must exit 0 within its deadline, and must leave no shared-memory segment behind.
@@ -14,7 +14,7 @@ import signal
 
 import pytest
 
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from tests.logged_process import LoggedProcess
 
 LISTEN_RE = re.compile(r"TCP: listening on \[?([0-9a-fA-F.:]+?)\]?:(\d+)$")
@@ -25,7 +25,7 @@ START_DEADLINE = 120.0
 class Nsqd(LoggedProcess):
     name = "nsqd"
 
-    def __init__(self, args, data_path, node_id, module="workers.nsqd"):
+    def __init__(self, args, data_path, node_id, module="nsqpy.workers.processes.nsqd"):
         self.data_path = data_path
         self.node_id = node_id
         self.expected_code = 0
@@ -58,7 +58,7 @@ class Nsqd(LoggedProcess):
 
 
 def _factory(base, started):
-    def start(*flags, workers=2, node_id=7, data=None, module="workers.nsqd"):
+    def start(*flags, workers=2, node_id=7, data=None, module="nsqpy.workers.processes.nsqd"):
         """``data``: a data path to (re)use, e.g. a stopped broker's (default: a new one); ``module``: what runs
         (``python -m``), nsqd's main or a test's harness around it."""
         if data is None:

@@ -4,12 +4,12 @@ did: one line ``<pid> <kernel>`` appended to the file named by $NSQPY_KERNEL_LOA
     python -m tests.broker.kernel_loads <nsqd flags>
 
 The note is taken in numba's ``Cache._load_overload``, below ``Cache.load_overload`` (which nsqd's warm-up may
-replace: workers/warmup.py), and the processes the supervisor forks take it along (tests/broker/test_first_start.py).
+replace: workers/lane/warmup.py), and the processes the supervisor forks take it along (tests/broker/test_first_start.py).
 """
 import os
 import sys
 
-import ipc  # noqa: F401  (numba's cache directory, before numba: ipc/numba_cache.py)
+import nsqpy.ipc  # noqa: F401  (numba's cache directory, before numba: ipc/numba_cache.py)
 from numba.core.caching import Cache
 
 
@@ -26,5 +26,5 @@ def _noting(load, path):
 
 if __name__ == "__main__":
     Cache._load_overload = _noting(Cache._load_overload, os.environ["NSQPY_KERNEL_LOADS"])
-    from workers import nsqd
+    from nsqpy.workers.processes import nsqd
     sys.exit(nsqd.main(sys.argv[1:]))

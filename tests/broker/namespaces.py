@@ -3,7 +3,7 @@
 * ``namespaced_factory``: start nsqd inside a private mount namespace where /dev/shm and the data path are small
   tmpfs mounts of our own, so that a test can fill them without touching the host (needs root; tests skip with
   the reason otherwise). ``unshare --mount --propagation private`` runs ``sh``, which mounts the two tmpfs and
-  then execs ``python -m workers.nsqd``, so the Popen'ed pid is the broker's supervisor, as with conftest's
+  then execs ``python -m nsqpy.workers.processes.nsqd``, so the Popen'ed pid is the broker's supervisor, as with conftest's
   ``Nsqd``. The mounts live as long as the namespace, which ends with the broker: nothing to clean up on the host.
   Its files can still be read from outside through ``/proc/<pid>/root/...`` (``NamespacedNsqd.inside``).
 * ``worker_pids`` / ``kill_workers``: SIGKILL the broker's worker processes (not the acceptor nor the scanner,
@@ -30,7 +30,7 @@ from contextlib import contextmanager
 
 import pytest
 
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 
 @contextmanager
 def log_on_failure(*brokers, lines=80, width=400):
@@ -226,7 +226,7 @@ def namespaced_factory(nsqd_factory, base, started, shm_size="192m", data_size="
         args = ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", f"--data-path={data}",
                 f"--workers={workers}",
                 f"--node-id={node_id}", *flags]
-        nsqd_cmd = shlex.join([sys.executable, "-m", "workers.nsqd", *args])
+        nsqd_cmd = shlex.join([sys.executable, "-m", "nsqpy.workers.processes.nsqd", *args])
         script = (f"mount -t tmpfs -o size={shm_size} tmpfs /dev/shm && "
                   f"mount -t tmpfs -o size={data_size} tmpfs {shlex.quote(str(data))} && "
                   f"cd {shlex.quote(os.getcwd())} && exec {nsqd_cmd}")

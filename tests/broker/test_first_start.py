@@ -1,12 +1,12 @@
 """A first start (empty numba cache) compiles every kernel of the hot paths before nsqd says it listens.
 
-A kernel signature the warm-up (``workers/warmup.py``) misses compiles inside a worker the first time a client
+A kernel signature the warm-up (``workers/lane/warmup.py``) misses compiles inside a worker the first time a client
 takes that path: a stall of a few hundred milliseconds for every connection of that worker (the first second of
 a latency run once measured 1 s at p99). numba writes each compiled signature to its cache directory at once, so
 a file appearing there while clients publish, consume, FIN, REQ, TOUCH and read /stats is a signature the
 warm-up lacks. Each reply below is the sync point: the kernel that served it was compiled (and saved) before it.
 The forward lane is the exception: a first start compiles it in a background process after listening
-(workers/warmup.py DEFERRED), and the workers then load it.
+(workers/lane/warmup.py DEFERRED), and the workers then load it.
 """
 import json
 import os
@@ -197,13 +197,15 @@ def test_the_same_sources_installed_elsewhere_start_warm(nsqd_factory, tmp_path,
     """A reinstall into another directory (a new virtualenv, a release directory per deploy) finds the kernels the
     first install compiled: the cache directory and its entries do not depend on where the code lives
     (ipc/numba_cache.py, SourceTreeLocator), so only the first start after an upgrade compiles."""
-    from ipc import numba_cache
+    from nsqpy.ipc import numba_cache
     assert nsqd_factory().stop() == 0  # fills this checkout's cache if cold (and waits for the background compile)
     before = _compiled(Path(numba_cache.CACHE_DIR).parent)  # every cache directory of ours
     site = tmp_path / "release-2"
-    for package in ("ipc", "nsqpy", "workers", "http_api"):
-        shutil.copytree(ROOT / package, site / package, ignore=shutil.ignore_patterns("__pycache__"))
-    monkeypatch.chdir(site)  # python -m workers.nsqd runs the copy in the working directory
+    # laid out as a wheel installs it (setup.cfg's package_dir): ipc/, workers/ and http_api/ inside nsqpy/
+    for package, there in (("nsqpy", "nsqpy"), ("ipc", "nsqpy/ipc"), ("workers", "nsqpy/workers"),
+                           ("http_api", "nsqpy/http_api")):
+        shutil.copytree(ROOT / package, site / there, ignore=shutil.ignore_patterns("__pycache__"))
+    monkeypatch.chdir(site)  # python -m nsqpy.workers.processes.nsqd runs the copy in the working directory
     moved = nsqd_factory("--log-level=debug")
     assert "compiling" not in moved.output() and "forward lane on" not in moved.output()  # on from the start
     assert os.readlink(f"/proc/{moved.proc.pid}/cwd") == str(site)  # so the copy's modules (sys.path[0])
@@ -223,7 +225,7 @@ def test_compile_only_fills_the_cache_so_that_the_next_start_loads_every_kernel(
     segments = set(os.listdir("/dev/shm"))
 
     def compile_only():
-        out = subprocess.run([sys.executable, "-m", "workers.nsqd", "--compile-only"], stdout=subprocess.PIPE,
+        out = subprocess.run([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--compile-only"], stdout=subprocess.PIPE,
                              stderr=subprocess.STDOUT, text=True, timeout=900)
         assert out.returncode == 0, out.stdout
         return out.stdout

@@ -5,13 +5,13 @@ import os
 import subprocess
 import sys
 
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from nsqpy.protocol import client as C
 from tests.broker.wire import Conn, unique
 from tests.logged_process import group_pids
 from tests.polling import wait_until
 
-NSQD = [sys.executable, "-m", "workers.nsqd"]
+NSQD = [sys.executable, "-m", "nsqpy.workers.processes.nsqd"]
 
 
 def _run(*flags):

@@ -9,7 +9,7 @@ import time
 
 import pytest
 
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from nsqpy.protocol import client as C
 from tests.broker.conftest import HTTP_LISTEN_RE, LISTEN_RE, START_DEADLINE
 from tests.broker.wire import Conn, consumer, unique
@@ -23,7 +23,7 @@ SHUTDOWN_DEADLINE = 90.0
 @pytest.mark.parametrize("moment", ["importing", "warming up", "starting its children"])
 def test_sigterm_during_start_up_exits_cleanly(tmp_path, moment):
     env = dict(os.environ, PYTHONUNBUFFERED="1")
-    proc = subprocess.Popen([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0",
                              "--http-address=127.0.0.1:0", f"--data-path={tmp_path}", "--node-id=9", "--workers=2"],
                             stdout=subprocess.PIPE, stderr=subprocess.STDOUT, env=env, start_new_session=True)
     try:
@@ -99,7 +99,7 @@ def test_sigkill_of_the_supervisor_alone_takes_every_child_and_frees_the_ports(n
 
 
 def _terminal_nsqd(data):
-    proc = TerminalProcess("workers.nsqd", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
+    proc = TerminalProcess("nsqpy.workers.processes.nsqd", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                                             f"--data-path={data}", "--workers=2", "--node-id=7"])
     with proc.starting():
         m = proc.wait_for_line(LISTEN_RE, START_DEADLINE)

@@ -64,7 +64,7 @@ def test_other_topics_of_the_worker_are_not_held_up(nsqd_factory):
 
 
 def owned_by(worker, workers):
-    """A fresh topic name whose owner is ``worker`` (workers/records.py: crc32 of the name)."""
+    """A fresh topic name whose owner is ``worker`` (workers/publishing/records.py: crc32 of the name)."""
     return next(t for t in (unique() for _ in range(1000)) if zlib.crc32(t.encode()) % workers == worker)
 
 

@@ -1,4 +1,4 @@
-"""The pump (workers/pump.py): lone PUBs read, published and answered in compiled code, and round-trip producers
+"""The pump (workers/lane/pump.py): lone PUBs read, published and answered in compiled code, and round-trip producers
 moved to their topic's owner (always, or with auto placement only slow ones, and back out when they speed up).
 The compiled recogniser (nsqpy/protocol/v2_recognisers.py) with the pump's topic table is checked against the
 parser, the reference for every rule, on generated input (tests/protocol/test_v2_recognisers.py holds it to the
@@ -21,10 +21,10 @@ from hypothesis import HealthCheck, given, settings, strategies as st
 from nsqpy.protocol import Limits, V2Parser
 from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
-from workers.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
+from nsqpy.workers.connections.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
 from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_by
-from workers.pump import AUTO, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, move_decision
-from workers.records import owner_of
+from nsqpy.workers.lane.pump import AUTO, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, move_decision
+from nsqpy.workers.publishing.records import owner_of
 from tests.polling import wait_until
 from wire import Conn, consumer, unique
 

@@ -28,8 +28,8 @@ def _read_only(path):
             f'mount --bind "{path}" "{path}" && mount -o remount,ro,bind "{path}" && exec "$0" "$@"']
 
 
-NSQD = [sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
-LOOKUPD = [sys.executable, "-m", "http_api.lookupd.main", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
+NSQD = [sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
+LOOKUPD = [sys.executable, "-m", "nsqpy.http_api.lookupd.main", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"]
 
 # (case, command builder(tmp_path, taken address) -> argv, words the one line must hold)
 CASES = [

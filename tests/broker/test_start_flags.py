@@ -7,7 +7,7 @@ import sys
 
 import pytest
 
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from wire import consumer, producer, unique
 
 NODE_ID = 7
@@ -28,7 +28,7 @@ def shm_of(data_path):
 def test_a_security_flag_is_refused_before_anything_is_created(tmp_path, flags, refused):
     data = tmp_path / "data"
     data.mkdir()
-    run = subprocess.run([sys.executable, "-m", "workers.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
+    run = subprocess.run([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
                           f"--data-path={data}", "--workers=1", f"--node-id={NODE_ID}", *flags],
                          capture_output=True, text=True, timeout=120, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     assert run.returncode == 1, run

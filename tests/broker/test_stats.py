@@ -23,7 +23,7 @@ import zlib
 
 import pytest
 
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from nsqpy.protocol import client as C
 from nsqpy.protocol.frames import FRAME_MESSAGE
 from wire import SYNC_TOPIC, Conn, unique, warm_up
@@ -78,7 +78,7 @@ def broker(nsqd_factory):
 
 def topics_on_both_workers(n, prefix="st"):
     """n >= 2 fresh topic names, the first owned by worker 0 and the second by worker 1 (crc32 % 2, as
-    workers/handover.py), the rest as they come."""
+    workers/connections/handover.py), the rest as they come."""
     first = {}
     rest = []
     while len(first) < 2 or len(first) + len(rest) < n:

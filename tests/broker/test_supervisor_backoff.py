@@ -10,9 +10,9 @@ import os
 import re
 import signal
 
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from wire import Conn, consumer, unique
-from workers.handover import owner_of
+from nsqpy.workers.connections.handover import owner_of
 
 STARTED = r"worker 0: started \(pid (\d+)\)"
 DIED = r"worker 0 \(pid {pid}\) died \(signal 9\); restarting (at once|in ([0-9.]+)s)"

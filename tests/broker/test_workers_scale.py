@@ -1,6 +1,6 @@
 """Many workers on a small machine: shared memory is O(workers) and small when idle, and 64 workers deliver.
 
-* The idle footprint is what ``workers.plan.idle_shm_bytes`` predicts (ARCHITECTURE.md, "Shared memory per
+* The idle footprint is what ``nsqpy.workers.processes.plan.idle_shm_bytes`` predicts (ARCHITECTURE.md, "Shared memory per
   broker"): exactly, segment kind by segment kind, for a Plan created in this process; and for real brokers
   with --workers 2, 8 and 32 (allocated blocks of their /dev/shm files, as benchmarks/topic_cost.py counts them),
   where the links segment may also hold the first pages of each worker's timer ring (a worker that started
@@ -13,14 +13,14 @@ import os
 
 import pytest
 
-from ipc.ring import RESERVE_STEP
-from ipc.shm import instance_prefix
+from nsqpy.ipc.ring import RESERVE_STEP
+from nsqpy.ipc.shm import instance_prefix
 from nsqpy.config import NsqdOptions
 from nsqpy.log import Logger
 from nsqpy.protocol import client as C
 from wire import Conn, consumer, unique
-from workers.plan import Plan, idle_shm_bytes
-from workers.records import owner_of
+from nsqpy.workers.processes.plan import Plan, idle_shm_bytes
+from nsqpy.workers.publishing.records import owner_of
 
 MIB = 1 << 20
 

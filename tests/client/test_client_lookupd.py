@@ -67,7 +67,7 @@ LISTEN = re.compile(r"(TCP|HTTP): listening on \[?([0-9.]+)\]?:(\d+)")
 
 
 def _start_nsqlookupd():
-    proc = subprocess.Popen([sys.executable, "-m", "http_api.lookupd.main", "--tcp-address=127.0.0.1:0",
+    proc = subprocess.Popen([sys.executable, "-m", "nsqpy.http_api.lookupd.main", "--tcp-address=127.0.0.1:0",
                              "--http-address=127.0.0.1:0"], stdout=subprocess.PIPE, stderr=subprocess.STDOUT,
                             text=True, env=dict(os.environ, PYTHONUNBUFFERED="1"))
     found = {}

@@ -24,7 +24,7 @@ IMPLEMENTED = {
     "broadcast-address", "broadcast-tcp-port", "broadcast-http-port",  # registration with nsqlookupd
     "tls-cert", "tls-key", "tls-client-auth-policy", "tls-root-ca-file", "tls-required", "tls-min-version",
     "https-address", "auth-http-address", "auth-http-request-method", "snappy", "deflate", "max-deflate-level",
-    "e2e-processing-latency-percentile", "e2e-processing-latency-window-time",  # workers/e2e.py
+    "e2e-processing-latency-percentile", "e2e-processing-latency-window-time",  # workers/domain/e2e.py
 }
 REFUSED = set()  # nothing any more (the unix socket paths of --tcp-address and --http-address only)
 

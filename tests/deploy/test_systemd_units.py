@@ -10,7 +10,7 @@ import sys
 
 import pytest
 
-from workers.supervisor import EXIT_CANNOT_RUN
+from nsqpy.workers.processes.supervisor import EXIT_CANNOT_RUN
 
 UNITS = pathlib.Path(__file__).resolve().parents[2] / "deploy" / "systemd"
 INSTALLED_BIN = "/opt/nsqpy/venv/bin/"
@@ -49,7 +49,7 @@ def test_units_notify_stop_cleanly_and_do_not_restart_what_cannot_run(name):
 
 
 def test_nsqd_unit_keeps_shared_memory_and_has_time_to_save():
-    from workers.nsqd import SHUTDOWN_TIMEOUT
+    from nsqpy.workers.processes.nsqd import SHUTDOWN_TIMEOUT
     unit = _settings(UNITS / "nsqd.service")
     assert unit["RemoveIPC"] == "no" and "/dev/shm" in unit["ReadWritePaths"].split()
     assert "PrivateDevices" not in unit  # /dev/shm must be the host's: the next start recovers a crash from it

@@ -9,6 +9,7 @@ import signal
 import subprocess
 import sys
 import sysconfig
+import zipfile
 
 from nsqpy.protocol import client as C
 from tests.broker.conftest import HTTP_LISTEN_RE, LISTEN_RE, START_DEADLINE
@@ -32,6 +33,10 @@ def test_a_wheel_in_a_new_virtualenv_serves_from_the_example_config(tmp_path):
             shutil.copy2(ROOT / name, src / name)
     _run(sys.executable, "-m", "pip", "wheel", "--no-deps", "-q", "-w", str(tmp_path / "dist"), str(src))
     wheel, = (tmp_path / "dist").glob("nsqpy-*.whl")
+    with zipfile.ZipFile(wheel) as z:  # one installed top-level name: workers/, ipc/, http_api/ live under nsqpy/
+        assert {n.split("/")[0] for n in z.namelist() if not n.split("/")[0].endswith(".dist-info")} == {"nsqpy"}
+        top_level = [n for n in z.namelist() if n.endswith(".dist-info/top_level.txt")]
+        assert [z.read(n).decode().split() for n in top_level] in ([], [["nsqpy"]])
     venv = tmp_path / "venv"
     _run(sys.executable, "-m", "venv", "--without-pip", str(venv))
     _run(sys.executable, "-m", "pip", "--python", str(venv / "bin" / "python"), "install", "-q", "--no-deps",
@@ -71,7 +76,8 @@ def test_a_wheel_in_a_new_virtualenv_serves_from_the_example_config(tmp_path):
             os.killpg(proc.pid, signal.SIGKILL)
     assert proc.returncode == 0, "".join(lines) + rest
     out = "".join(lines)
-    where = _run(str(venv / "bin" / "python"), "-c", "import http_api, ipc, nsqpy, workers as w; print(w.__file__)",
+    where = _run(str(venv / "bin" / "python"), "-c", "import nsqpy.workers as w, nsqpy.ipc, nsqpy.http_api; "
+                 "print(w.__file__)",
                  cwd=tmp_path, env=env).stdout
     assert where.startswith(str(venv)), where  # nsqd ran the wheel's code, not this checkout's
     assert "FATAL" not in out and "ERROR" not in out, out

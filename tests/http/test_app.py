@@ -11,11 +11,11 @@ import falcon.testing
 import pytest
 from prometheus_client.parser import text_string_to_metric_families
 
-from http_api.metrics import exposition
-from http_api.nsqd_app import NsqdDeps, PublishRefused, create_app
-from http_api.query import BadQuery, parse_query
-from http_api.stats_text import go_duration, stats_text
-from http_api.statsd import packets, statsd_lines, statsd_prefix
+from nsqpy.http_api.metrics import exposition
+from nsqpy.http_api.nsqd_app import NsqdDeps, PublishRefused, create_app
+from nsqpy.http_api.query import BadQuery, parse_query
+from nsqpy.http_api.stats_text import go_duration, stats_text
+from nsqpy.http_api.statsd import packets, statsd_lines, statsd_prefix
 from nsqpy.config import NsqdOptions
 from tests.http.cases import CASES, SETUP, check
 

@@ -1,4 +1,4 @@
-"""End-to-end processing latency against a real nsqd (--e2e-processing-latency-percentile, workers/e2e.py): a
+"""End-to-end processing latency against a real nsqd (--e2e-processing-latency-percentile, workers/domain/e2e.py): a
 consumer holds every message at least HOLD before its FIN, and /stats (JSON and text), /metrics and statsd then show
 per channel and per topic a count and percentiles no smaller than that, in nsqd's shape; once the window has passed
 without FINs they are gone again. Without the flag /stats keeps nsqd's ``{"count": 0, "percentiles": null}``."""
@@ -157,7 +157,7 @@ def test_without_the_flag_stats_keep_nsqds_empty_e2e(nsqd_factory):
 
 def test_text_shows_percentiles_as_nsqd():
     """nsqd's printStats shows each value with stringy.NanoSecondToHuman: one decimal, the largest unit exceeded."""
-    from http_api.stats_text import _e2e, nanoseconds_to_human
+    from nsqpy.http_api.stats_text import _e2e, nanoseconds_to_human
     assert [nanoseconds_to_human(v) for v in (0, 999, 1000, 1001, 1_500_000, 61_234_567, 1_000_000_000,
                                               2_345_678_901)] == \
         ["0.0ns", "999.0ns", "1000.0ns", "1.0us", "1.5ms", "61.2ms", "1000.0ms", "2.3s"]

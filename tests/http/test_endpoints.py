@@ -17,7 +17,7 @@ from tests.broker.test_pynsq import PynsqLoop
 from tests.broker.wire import Conn, consumer, producer, unique
 from tests.http.cases import CASES, SETUP, check, mpub_binary
 from tests.http.conftest import Http, request
-from workers.records import owner_of
+from nsqpy.workers.publishing.records import owner_of
 
 DEADLINE = 30.0
 

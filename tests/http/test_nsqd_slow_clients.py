@@ -7,7 +7,7 @@ from __future__ import annotations
 import socket
 import time
 
-from http_api.asgi_worker import HEADER_TIMEOUT
+from nsqpy.http_api.asgi_worker import HEADER_TIMEOUT
 from tests.polling import wait_until
 from tests.slow_clients import SlowClients, closed_by_server, ping
 

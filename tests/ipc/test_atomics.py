@@ -1,4 +1,4 @@
-"""ipc.atomics: each operation's result in one process, then the orderings across processes on shared memory.
+"""nsqpy.ipc.atomics: each operation's result in one process, then the orderings across processes on shared memory.
 
 Kernels are compiled in the parent before any fork, so children only run machine code. Shared memory is an
 anonymous shared mmap (inherited by fork); the cross-process tests check exact totals, which a lost update
@@ -12,7 +12,7 @@ import pytest
 from numba import njit
 
 from _fork import run_all
-from ipc.atomics import (cas, copy_bytes, cpu_pause, fence, fetch_add, load_acquire, py_cas, py_fetch_add,
+from nsqpy.ipc.atomics import (cas, copy_bytes, cpu_pause, fence, fetch_add, load_acquire, py_cas, py_fetch_add,
                          py_load_acquire, py_store_release, store_release)
 
 SPIN_LIMIT = 1 << 26  # iterations before a spin gives up: only reached if a load was hoisted out of the loop

@@ -6,7 +6,7 @@ import socket
 import pytest
 
 from _fork import fork, wait
-from ipc.fdpass import MAX_BLOB, FdChannel, FdPassError, PeerGone, channel_pair
+from nsqpy.ipc.fdpass import MAX_BLOB, FdChannel, FdPassError, PeerGone, channel_pair
 
 NEW_CONNECTION = 1
 

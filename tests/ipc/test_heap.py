@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ipc.heap import HeapFull, TimerHeap, heap_nbytes
-from ipc.layout import LayoutError
+from nsqpy.ipc.heap import HeapFull, TimerHeap, heap_nbytes
+from nsqpy.ipc.layout import LayoutError
 
 CAPACITY, HANDLES = 12, 16
 KEYS = st.integers(-5, 40)  # a narrow range so that equal deadlines are common

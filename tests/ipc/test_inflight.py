@@ -10,9 +10,9 @@ import numpy as np
 import pytest
 from hypothesis import given, settings, strategies as st
 
-from ipc import inflight as inf
-from ipc.inflight import FREE, IN_FLIGHT, OK, InFlightTable, inflight_nbytes
-from ipc.layout import LayoutError
+from nsqpy.ipc import inflight as inf
+from nsqpy.ipc.inflight import FREE, IN_FLIGHT, OK, InFlightTable, inflight_nbytes
+from nsqpy.ipc.layout import LayoutError
 
 U64 = (1 << 64) - 1
 

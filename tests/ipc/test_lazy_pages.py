@@ -1,4 +1,4 @@
-"""Shared memory reserved as it is first used (ipc.ring, ipc.inflight, ipc.heap, workers.links): nothing is touched
+"""Shared memory reserved as it is first used (nsqpy.ipc.ring, nsqpy.ipc.inflight, nsqpy.ipc.heap, nsqpy.workers.publishing.links): nothing is touched
 before it is reserved, growth keeps every invariant, a full /dev/shm is a clean failure (never SIGBUS), and a
 partly reserved in-flight table recovers after its writer is SIGKILLed.
 
@@ -23,13 +23,13 @@ import pytest
 from tests.private_tmpfs import run_with_tmpfs
 
 from _fork import fork, wait
-from ipc import inflight as inf, ring as ring_mod
-from ipc.heap import TimerHeap, heap_nbytes
-from ipc.inflight import FREE, IN_FLIGHT, OK, InFlightTable, inflight_nbytes
-from ipc.layout import align_up
-from ipc.ring import CONTROL_BYTES, RESERVE_STEP, Ring
-from ipc.shm import Segment, SegmentError
-from workers import links as L
+from nsqpy.ipc import inflight as inf, ring as ring_mod
+from nsqpy.ipc.heap import TimerHeap, heap_nbytes
+from nsqpy.ipc.inflight import FREE, IN_FLIGHT, OK, InFlightTable, inflight_nbytes
+from nsqpy.ipc.layout import align_up
+from nsqpy.ipc.ring import CONTROL_BYTES, RESERVE_STEP, Ring
+from nsqpy.ipc.shm import Segment, SegmentError
+from nsqpy.workers.publishing import links as L
 
 PAGE = mmap.PAGESIZE
 CHILD_DEADLINE = 120.0
@@ -541,10 +541,10 @@ def test_heap_views_refresh_after_another_process_grew_it():
 FULL_SCRIPT = textwrap.dedent("""
     import errno, json, os
     import numpy as np
-    from ipc.heap import TimerHeap, heap_nbytes
-    from ipc.inflight import InFlightTable, inflight_nbytes, ST_FULL
-    from ipc.shm import Segment, SegmentError
-    from workers import links as L
+    from nsqpy.ipc.heap import TimerHeap, heap_nbytes
+    from nsqpy.ipc.inflight import InFlightTable, inflight_nbytes, ST_FULL
+    from nsqpy.ipc.shm import Segment, SegmentError
+    from nsqpy.workers.publishing import links as L
 
     links_seg = Segment.create("/nsqpy-full-links", L.nbytes(2, 3, 1 << 22), reserve=0)
     links = L.LinkSet.create(links_seg, 2, 3, 1 << 22, links_seg.reserver())

@@ -11,11 +11,11 @@ import numpy as np
 import pytest
 from hypothesis import HealthCheck, event, given, settings, strategies as st
 
-from ipc import msglog
-from ipc.filesegment import FileSegment, FileSegmentProvider
-from ipc.layout import LayoutError
-from ipc.msglog import (LogError, LogFull, MessageLog, NO_LOW_WATER, ShmSegmentProvider, log_ctrl_nbytes)
-from ipc.msglog_layout import F_PARKED, F_PRIVATE, FRAME_OVERHEAD, HDR, record_size
+from nsqpy.ipc import msglog
+from nsqpy.ipc.filesegment import FileSegment, FileSegmentProvider
+from nsqpy.ipc.layout import LayoutError
+from nsqpy.ipc.msglog import (LogError, LogFull, MessageLog, NO_LOW_WATER, ShmSegmentProvider, log_ctrl_nbytes)
+from nsqpy.ipc.msglog_layout import F_PARKED, F_PRIVATE, FRAME_OVERHEAD, HDR, record_size
 
 S = 4096
 MEM, DISK, CHANNELS = 1, 3, 3  # one memory segment: the second one spills
@@ -403,7 +403,7 @@ def test_counters_from_another_process(small_log):
     if pid == 0:
         ok = 0
         try:
-            from ipc.msglog import LogCounters
+            from nsqpy.ipc.msglog import LogCounters
             view = LogCounters(ctrl, 64)
             os.write(wfd, b"r")
             while True:

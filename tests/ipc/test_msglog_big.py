@@ -7,10 +7,10 @@ import struct
 import numpy as np
 import pytest
 
-from ipc.filesegment import FileSegmentProvider
-from ipc.msglog import RESERVE_STEP_MAX, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from ipc.msglog_layout import FRAME_OVERHEAD, HDR, window_slots
-from ipc.shm import PAYLOAD_OFFSET
+from nsqpy.ipc.filesegment import FileSegmentProvider
+from nsqpy.ipc.msglog import RESERVE_STEP_MAX, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD, HDR, window_slots
+from nsqpy.ipc.shm import PAYLOAD_OFFSET
 
 BIG = 64 << 20
 

@@ -15,8 +15,8 @@ import zlib
 
 import numpy as np
 
-from ipc.filesegment import FileSegmentProvider
-from ipc.msglog import LogFull, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from nsqpy.ipc.filesegment import FileSegmentProvider
+from nsqpy.ipc.msglog import LogFull, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
 
 SEG = 1 << 20
 MEM, DISK = 4 * SEG, 28 * SEG  # the memory tier fills early, so recovery also covers file segments

@@ -4,9 +4,9 @@ first write fault would otherwise zero-fill up to the disk's read_ahead_kb of pa
 milliseconds in the owner's loop for every segment a spilling topic starts."""
 import mmap
 
-from ipc.filesegment import FileSegmentProvider
-from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from ipc.msglog_layout import TIER_DISK
+from nsqpy.ipc.filesegment import FileSegmentProvider
+from nsqpy.ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from nsqpy.ipc.msglog_layout import TIER_DISK
 
 S = 64 << 10
 

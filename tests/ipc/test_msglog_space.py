@@ -14,13 +14,13 @@ import pytest
 
 from tests.private_tmpfs import run_with_tmpfs
 
-import ipc.shm
-from ipc import msglog_kernels as K
-from ipc.filesegment import FileSegmentProvider
-from ipc.msglog import (RESERVE_STEP, LogError, LogFull, LogNoSpace, MessageLog, ShmSegmentProvider,
+import nsqpy.ipc.shm
+from nsqpy.ipc import msglog_kernels as K
+from nsqpy.ipc.filesegment import FileSegmentProvider
+from nsqpy.ipc.msglog import (RESERVE_STEP, LogError, LogFull, LogNoSpace, MessageLog, ShmSegmentProvider,
                         log_ctrl_nbytes)
-from ipc.msglog_layout import HDR, RESERVED, record_size
-from ipc.shm import PAYLOAD_OFFSET, SegmentError
+from nsqpy.ipc.msglog_layout import HDR, RESERVED, record_size
+from nsqpy.ipc.shm import PAYLOAD_OFFSET, SegmentError
 
 S = 1 << 20
 PAGE = mmap.PAGESIZE
@@ -161,12 +161,12 @@ def test_recovery_scans_no_record_past_the_reservation(space_log):
 
 def test_a_new_segment_without_room_in_dev_shm_spills_to_disk(space_log, monkeypatch):
     log, _, memory, files = space_log
-    monkeypatch.setattr(ipc.shm, "SHM_KEEP_FREE_MIN", 1 << 62)  # the safety reserve refuses everything
+    monkeypatch.setattr(nsqpy.ipc.shm, "SHM_KEEP_FREE_MIN", 1 << 62)  # the safety reserve refuses everything
     ch = log.open_channel()
     append_n(log, 10)
     assert log.segments() == [(0, 1)] and files.calls["create"] == 1
     assert held(files, 0) == PAYLOAD_OFFSET + PAGE  # a file segment is sparse too
-    monkeypatch.setattr(ipc.shm, "SHM_KEEP_FREE_MIN", 0)
+    monkeypatch.setattr(nsqpy.ipc.shm, "SHM_KEEP_FREE_MIN", 0)
     append_n(log, 150, size=10_000, first_id=11)  # the next segment has room again in shared memory
     assert log.segments() == [(0, 1), (1, 0)]
     assert read_all(log, ch) == list(range(1, 161))
@@ -175,12 +175,12 @@ def test_a_new_segment_without_room_in_dev_shm_spills_to_disk(space_log, monkeyp
 def test_the_safety_reserve_names_dev_shm_when_nothing_else_can_hold_a_segment(shm_prefix, tmp_path, monkeypatch):
     log, _, memory, _ = make_log(shm_prefix, tmp_path, disk=0)
     try:
-        monkeypatch.setattr(ipc.shm, "SHM_KEEP_FREE_MIN", 1 << 62)
+        monkeypatch.setattr(nsqpy.ipc.shm, "SHM_KEEP_FREE_MIN", 1 << 62)
         with pytest.raises(LogNoSpace, match="kept for control blocks") as info:
             log.append(b"x", 1, 1)
         assert info.value.causes[0][:2] == ("memory", memory.name(0))
         assert log.head == 0 and log.message_count == 0
-        monkeypatch.setattr(ipc.shm, "SHM_KEEP_FREE_MIN", 0)
+        monkeypatch.setattr(nsqpy.ipc.shm, "SHM_KEEP_FREE_MIN", 0)
         log.append(b"x", 1, 1)
         assert log.message_count == 1
     finally:
@@ -341,12 +341,12 @@ def test_a_crash_between_seal_and_its_reservation_update_recovers(space_log):
 NAMESPACE_SCRIPT = textwrap.dedent("""
     import json, mmap, sys
     import numpy as np
-    import ipc.msglog
-    from ipc.filesegment import FileSegmentProvider
-    from ipc.msglog import LogNoSpace, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+    import nsqpy.ipc.msglog
+    from nsqpy.ipc.filesegment import FileSegmentProvider
+    from nsqpy.ipc.msglog import LogNoSpace, MessageLog, ShmSegmentProvider, log_ctrl_nbytes
 
     # no safety reserve, no check before fallocate at all: the tmpfs itself must refuse
-    ipc.msglog.check_shm_room = lambda nbytes, what: None
+    nsqpy.ipc.msglog.check_shm_room = lambda nbytes, what: None
     S, BODY = 1 << 20, 100_000
     data = sys.argv[1]
     ctrl = mmap.mmap(-1, log_ctrl_nbytes(S, 64 * S, 64 * S))

@@ -3,9 +3,9 @@ segments of address space whatever its disk budget, and growing keeps every reco
 that attaches afterwards."""
 import mmap
 
-from ipc.filesegment import FileSegmentProvider
-from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from ipc.msglog_layout import INITIAL_WINDOW
+from nsqpy.ipc.filesegment import FileSegmentProvider
+from nsqpy.ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from nsqpy.ipc.msglog_layout import INITIAL_WINDOW
 
 S = 64 << 10
 

@@ -1,4 +1,4 @@
-"""ipc.numba_cache: a versioned cache directory, a read-only fallback, and cached kernels that really load.
+"""nsqpy.ipc.numba_cache: a versioned cache directory, a read-only fallback, and cached kernels that really load.
 
 Each case runs a fresh interpreter, because the directory is chosen once per process, before numba compiles.
 """
@@ -10,9 +10,9 @@ import time
 from pathlib import Path
 
 ROOT = Path(__file__).resolve().parents[2]
-PROBE = ("import ipc.numba_cache as c, numba.core.config as k; from ipc.ring import Ring; import mmap; "
+PROBE = ("import nsqpy.ipc.numba_cache as c, numba.core.config as k; from nsqpy.ipc.ring import Ring; import mmap; "
          "r = Ring.create(mmap.mmap(-1, Ring.size_for(64)), 0, 64); r.write(b'x'); "
-         "from ipc.ring import ring_try_write as f; print(c.CACHE_DIR); print(k.CACHE_DIR); print(len(f.stats.cache_hits))")
+         "from nsqpy.ipc.ring import ring_try_write as f; print(c.CACHE_DIR); print(k.CACHE_DIR); print(len(f.stats.cache_hits))")
 
 
 def probe(tmp_path, root=ROOT, **env):
@@ -67,7 +67,7 @@ def test_a_reinstall_elsewhere_loads_the_kernels_a_first_install_compiled(tmp_pa
 
 def test_an_operators_locator_list_and_kernels_outside_our_sources_keep_numbas_locators(tmp_path):
     (tmp_path / "theirs.py").write_text("from numba import njit\n@njit(cache=True)\ndef f(x):\n    return x + 1\n")
-    code = ("import ipc, theirs; from ipc.ring import ring_try_write as ours; theirs.f(1); "
+    code = ("import ipc, theirs; from nsqpy.ipc.ring import ring_try_write as ours; theirs.f(1); "
             "print(ours._cache._cache_path); print(theirs.f._cache._cache_path)")
     env = {k: v for k, v in os.environ.items() if k != "NUMBA_CACHE_DIR"}
     env.update(HOME=str(tmp_path / "home"), XDG_CACHE_HOME=str(tmp_path / "xdg"),
@@ -113,20 +113,20 @@ def _tree(base, kernel_text):
         (base / sub).mkdir(parents=True)
     (base / "ipc" / "ring.py").write_text("from numba import njit\n")
     (base / "workers" / "pump.py").write_text(kernel_text)
-    return [base / "ipc", base / "workers"]
+    return [("ipc", base / "ipc"), ("workers", base / "workers")]
 
 
 def test_the_directory_changes_with_any_source_edit_but_not_with_the_code_location(tmp_path):
-    from ipc.numba_cache import _sources_hash, source_roots
-    assert {p.name for p in source_roots()} == {"ipc", "nsqpy", "workers"}
+    from nsqpy.ipc.numba_cache import _sources_hash, source_roots
+    assert {name for name, _ in source_roots()} == {"ipc", "nsqpy", "workers"}
     a = _sources_hash(_tree(tmp_path / "a", "import numba\nK = 1\n"))
-    assert a == _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"])  # stable for one tree
+    assert a == _sources_hash([("ipc", tmp_path / "a" / "ipc"), ("workers", tmp_path / "a" / "workers")])  # stable for one tree
     (tmp_path / "a" / "workers" / "pump.py").write_text("import numba\nK = 2\n")
-    assert _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"]) != a  # a kernel edit in workers/
+    assert _sources_hash([("ipc", tmp_path / "a" / "ipc"), ("workers", tmp_path / "a" / "workers")]) != a  # a kernel edit in workers/
     # a constant in a module without kernels: a kernel that imports it has its old value frozen in its machine code
-    k = _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"])
+    k = _sources_hash([("ipc", tmp_path / "a" / "ipc"), ("workers", tmp_path / "a" / "workers")])
     (tmp_path / "a" / "workers" / "session.py").write_text("FIN_LINE = 21\n")
-    assert _sources_hash([tmp_path / "a" / "ipc", tmp_path / "a" / "workers"]) != k
+    assert _sources_hash([("ipc", tmp_path / "a" / "ipc"), ("workers", tmp_path / "a" / "workers")]) != k
     # the same sources elsewhere (another checkout or venv): the same directory (SourceTreeLocator)
     b = _sources_hash(_tree(tmp_path / "b", "import numba\nK = 2\n"))
     (tmp_path / "b" / "workers" / "session.py").write_text("FIN_LINE = 21\n")
@@ -141,7 +141,7 @@ def _aged(path, days, now):
 
 def test_prune_removes_only_our_sibling_directories_unused_for_a_month(tmp_path, monkeypatch):
     """Unused: the newer of the directory's time and its warm-up mark's (every start touches the mark)."""
-    from ipc import numba_cache as c
+    from nsqpy.ipc import numba_cache as c
     now = time.time()
     base = tmp_path / "nsqpy"
     here = _aged(base / "0.2.0-py3.11-numba0.68.1-aaaaaaaaaaaa", 90, now)  # the one in use: never removed

@@ -3,7 +3,7 @@
 import gc
 import os
 
-from ipc.shm import Segment
+from nsqpy.ipc.shm import Segment
 
 
 def open_fds():

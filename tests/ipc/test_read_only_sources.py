@@ -1,17 +1,17 @@
 """The wrappers whose kernels read a source buffer pass it read-only, whatever the caller holds: numba types
 read-only and writable arrays apart and compiles a kernel once for each, so a writable source from Python (a
 ring's bytes, the pump's buffer) would compile a second copy of the kernel in a worker, after the warm-up (which
-compiles the read-only one only: ``workers/warmup.py``). Each test checks that the copy stays unchanged and that
+compiles the read-only one only: ``workers/lane/warmup.py``). Each test checks that the copy stays unchanged and that
 a writable source adds no signature to the kernel."""
 import mmap
 
 import numpy as np
 
-from ipc import msglog_kernels as K
-from ipc.layout import read_only
-from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from ipc.ring import Ring, ring_try_write
-from workers.records import forward_size, pack_bodies, pack_forward, unpack_forward
+from nsqpy.ipc import msglog_kernels as K
+from nsqpy.ipc.layout import read_only
+from nsqpy.ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from nsqpy.ipc.ring import Ring, ring_try_write
+from nsqpy.workers.publishing.records import forward_size, pack_bodies, pack_forward, unpack_forward
 
 
 def _writable(data: bytes) -> np.ndarray:

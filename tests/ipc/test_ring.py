@@ -1,4 +1,4 @@
-"""ipc.ring in one process: against a pure-Python model (hypothesis state machine), plus edge cases.
+"""nsqpy.ipc.ring in one process: against a pure-Python model (hypothesis state machine), plus edge cases.
 
 The model keeps the byte positions the way the module docstring describes them (records rounded to 8 bytes,
 padding when a record would straddle the end, at most capacity/2 per record), so "full" is predicted to the
@@ -12,8 +12,8 @@ import pytest
 from hypothesis import settings, strategies as st
 from hypothesis.stateful import RuleBasedStateMachine, initialize, invariant, precondition, rule
 
-from ipc.layout import LayoutError
-from ipc.ring import Ring, RingError
+from nsqpy.ipc.layout import LayoutError
+from nsqpy.ipc.ring import Ring, RingError
 
 CAPACITY = 256
 

@@ -1,4 +1,4 @@
-"""ipc.ring across processes: a 2 producers x 2 consumers stress run, and a run with 60 SIGKILLs.
+"""nsqpy.ipc.ring across processes: a 2 producers x 2 consumers stress run, and a run with 60 SIGKILLs.
 
 Every record is sequence-numbered (its type is its sequence number in its ring) and its length and bytes are a
 function of that number, so a consumer re-computes and compares every byte (a stronger check than a checksum).
@@ -18,8 +18,8 @@ import numpy as np
 from numba import njit
 
 from _fork import fork, wait
-from ipc.ring import Ring, ring_claim, ring_commit, ring_read_batch, ring_release_read, ring_write_batch
-from ipc.shm import Segment
+from nsqpy.ipc.ring import Ring, ring_claim, ring_commit, ring_read_batch, ring_release_read, ring_write_batch
+from nsqpy.ipc.shm import Segment
 
 CAPACITY = 1 << 20
 BATCH = 256

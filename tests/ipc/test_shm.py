@@ -1,4 +1,4 @@
-"""ipc.shm: naming, create/attach checks, sharing across fork, stale detection and recovery, hygiene."""
+"""nsqpy.ipc.shm: naming, create/attach checks, sharing across fork, stale detection and recovery, hygiene."""
 import os
 import select
 import signal
@@ -7,8 +7,8 @@ import numpy as np
 import pytest
 
 from _fork import fork, wait
-from ipc.layout import LayoutError, magic
-from ipc.shm import (Segment, SegmentError, find_stale, instance_prefix, list_segments, segment_name,
+from nsqpy.ipc.layout import LayoutError, magic
+from nsqpy.ipc.shm import (Segment, SegmentError, find_stale, instance_prefix, list_segments, segment_name,
                      unlink_name)
 
 RINGS = magic("NSQRINGS")

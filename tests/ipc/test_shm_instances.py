@@ -1,4 +1,4 @@
-"""ipc.shm.find_dead_instances: segments of dead broker instances are found whatever their data path and node id,
+"""nsqpy.ipc.shm.find_dead_instances: segments of dead broker instances are found whatever their data path and node id,
 liveness is decided per instance (its supervisor's control-0), starting instances get time, and Plan.remove_stale
 removes what it finds with one log line."""
 import functools
@@ -8,7 +8,7 @@ import time
 import pytest
 
 from _fork import fork, wait
-from ipc.shm import (INSTANCE_GRACE, Segment, find_dead_instances, instance_prefix, list_segments, remove_segments,
+from nsqpy.ipc.shm import (INSTANCE_GRACE, Segment, find_dead_instances, instance_prefix, list_segments, remove_segments,
                      segment_name, unlink_name)
 
 
@@ -95,8 +95,8 @@ def test_names_of_other_programs_and_test_sessions_are_not_groups(shm_prefix, cl
 
 def bare_plan(monkeypatch, shm_prefix):
     """A Plan that only knows its log (a list of WARNING lines), looking for dead instances under shm_prefix."""
-    from workers import leftovers
-    from workers import plan as plan_module
+    from nsqpy.workers.storage import leftovers
+    from nsqpy.workers.processes import plan as plan_module
 
     lines = []
 
@@ -123,7 +123,7 @@ def test_plan_remove_stale_removes_them_with_one_log_line(shm_prefix, cleanup, m
 
 
 def test_plan_remove_stale_keeps_a_dead_instance_that_may_hold_messages(shm_prefix, cleanup, monkeypatch):
-    """Another data path's crashed broker: its topic logs wait for its own next start (workers/salvage.py)."""
+    """Another data path's crashed broker: its topic logs wait for its own next start (workers/storage/broker_crash.py)."""
     dead = names(shm_prefix, "/data/g", 6, ("control", 0), ("links", 0), ("topic", 77), ("defer1", 0))
     create_in_child(dead)
     plan, lines = bare_plan(monkeypatch, shm_prefix)

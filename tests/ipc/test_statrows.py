@@ -13,8 +13,8 @@ import time
 import numpy as np
 import pytest
 
-from ipc.shm import list_segments
-from ipc.statrows import (B_GEN, B_PID, BODY_WORDS, COPY_A, COPY_B, COPY_WORDS, IMMUTABLE_WORDS, R_BODY, R_GEN,
+from nsqpy.ipc.shm import list_segments
+from nsqpy.ipc.statrows import (B_GEN, B_PID, BODY_WORDS, COPY_A, COPY_B, COPY_WORDS, IMMUTABLE_WORDS, R_BODY, R_GEN,
                           R_KIND, R_UID, ROWS_AT, ROW_WORDS, Board, RowReader, RowTable, RowWriter, counters_of,
                           warm_up, writer_alive)
 from tests.ipc._fork import fork, wait

@@ -1,12 +1,12 @@
-"""ipc.wake: no lost wake-up across processes, no syscall on a busy path, one syscall per sleep."""
+"""nsqpy.ipc.wake: no lost wake-up across processes, no syscall on a busy path, one syscall per sleep."""
 import mmap
 import random
 
 import pytest
 
 from _fork import run_all
-from ipc.ring import Ring
-from ipc.wake import Wakeups, make_eventfd
+from nsqpy.ipc.ring import Ring
+from nsqpy.ipc.wake import Wakeups, make_eventfd
 
 ROUNDS = 100_000
 LOST = 5.0  # seconds without a wake-up that can only mean a lost one

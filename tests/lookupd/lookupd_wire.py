@@ -1,4 +1,4 @@
-"""Helpers of the lookupd tests: real nsqlookupd processes (``python -m http_api.lookupd.main``) on port 0 that
+"""Helpers of the lookupd tests: real nsqlookupd processes (``python -m nsqpy.http_api.lookupd.main``) on port 0 that
 announce their addresses in NSQ's listening lines, plain HTTP to them, and raw V1 sockets.
 
 Fixtures are in ``conftest.py``: ``lookupd_factory(*flags)`` (each stopped with SIGTERM at teardown, exit 0
@@ -35,7 +35,7 @@ class Lookupd(LoggedProcess):
     name = "nsqlookupd"
 
     def __init__(self, *flags):
-        super().__init__("http_api.lookupd.main", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", *flags])
+        super().__init__("nsqpy.http_api.lookupd.main", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0", *flags])
         with self.starting():
             tcp = self.wait_for_line(TCP_RE, DEADLINE)
             http = self.wait_for_line(HTTP_RE, DEADLINE)

@@ -1,12 +1,14 @@
 """nsqd whose periodic paths to nsqlookupd are an hour apart: the workers' stats publication period
-(``workers.stats.PERIOD``) and the lookupd link's poll (``workers.lookupd_link.POLL``). What reaches lookupd
+(``nsqpy.workers.domain.stats_rows.PERIOD``) and the lookupd link's poll (``nsqpy.workers.processes.lookupd_link.POLL``). What reaches lookupd
 within seconds then came through the wake-up a topic or channel change sends (tests/lookupd/test_registration_lag.py).
 
     python -m tests.lookupd.slow_ticks <nsqd flags>
 """
 import sys
 
-from workers import lookupd_link, nsqd, stats
+from nsqpy.workers.processes import lookupd_link
+from nsqpy.workers.processes import nsqd
+from nsqpy.workers.domain import stats_rows as stats
 
 HOUR = 3600.0
 

@@ -1,4 +1,4 @@
-"""Real nsqd nodes registering with real nsqlookupd nodes (workers/lookupd_link.py): registrations appear and vanish
+"""Real nsqd nodes registering with real nsqlookupd nodes (workers/processes/lookupd_link.py): registrations appear and vanish
 as topics and channels come and go and as nsqd stops, the lookupd addresses change at runtime, and the
 registering child is restarted by the supervisor. Topics are created with a TCP PUB, channels with SUB;
 ephemeral names are deleted by nsqd itself when their last consumer leaves, others through nsqd's HTTP API."""
@@ -11,9 +11,9 @@ import signal
 import types
 
 from lookupd_wire import eventually
-from ipc.shm import instance_prefix
+from nsqpy.ipc.shm import instance_prefix
 from tests.broker.wire import Conn, consumer, producer, unique
-from workers import lookupd_link
+from nsqpy.workers.processes import lookupd_link
 
 
 def registered(lk, topic):

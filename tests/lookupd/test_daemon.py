@@ -38,7 +38,7 @@ def test_sigkill_of_the_supervisor_alone_takes_every_child_and_frees_the_ports(l
 
 @pytest.mark.parametrize("how", ["terminal ^C", "SIGTERM"])
 def test_a_stop_is_clean(how):
-    proc = TerminalProcess("http_api.lookupd.main", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"])
+    proc = TerminalProcess("nsqpy.http_api.lookupd.main", ["--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0"])
     try:
         with proc.starting():
             proc.wait_for_line(TCP_RE, DEADLINE)

@@ -8,7 +8,7 @@ import socket
 import time
 
 from lookupd_wire import eventually
-from http_api.asgi_worker import HEADER_TIMEOUT
+from nsqpy.http_api.asgi_worker import HEADER_TIMEOUT
 from tests.slow_clients import SlowClients, closed_by_server, ping
 
 PINGS = 20

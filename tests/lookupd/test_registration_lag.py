@@ -1,7 +1,7 @@
 """A topic or channel created or deleted on nsqd reaches every nsqlookupd at once, not at the next tick: nsqd runs
 with its periodic paths to lookupd an hour apart (``slow_ticks.py``: the workers' stats publication and the link's
 poll), so whatever lookupd shows within seconds came through the wake-up the change itself sends
-(workers/stats.py ``structure_changed``, workers/lookupd_link.py). Creation over nsqd's HTTP API and over TCP (PUB,
+(workers/domain/stats_rows.py ``structure_changed``, workers/processes/lookupd_link.py). Creation over nsqd's HTTP API and over TCP (PUB,
 SUB), deletion over HTTP and by nsqd itself (an ephemeral channel's last consumer leaving).
 
 The lags measured here (reply -> first /lookup that shows the change) are only printed: the bound asserted is the

@@ -6,10 +6,10 @@ import random
 
 from falcon import testing
 
-from http_api.lookupd import create_app
+from nsqpy.http_api.lookupd import create_app
 from nsqpy.lookupd.queries import Queries, go_json
 from nsqpy.lookupd.registration_db import PeerInfo, Producer, Registration, RegistrationDB, filter_by_active
-from workers.lookupd_link import diff, initial_commands, registrations
+from nsqpy.workers.processes.lookupd_link import diff, initial_commands, registrations
 
 SECOND = 10**9
 

@@ -7,7 +7,7 @@ import struct
 import numpy as np
 import pytest
 
-from ipc import diskqueue_kernels as DK
+from nsqpy.ipc import diskqueue_kernels as DK
 from nsqpy.store import diskqueue as DQ
 from nsqpy.store import metadata
 

@@ -7,7 +7,7 @@ import pytest
 import snappy
 
 from nsqpy.protocol.snappy_stream import STREAM_IDENTIFIER, SnappyDecoder, SnappyEncoder, SnappyError
-from workers.auth import AuthServerError, AuthState
+from nsqpy.workers.connections.auth import AuthServerError, AuthState
 
 
 def test_snappy_round_trips_with_python_snappy_both_ways():

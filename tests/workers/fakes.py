@@ -1,6 +1,6 @@
 """Small fakes for unit tests of the domain objects (Channel, Topic) without a broker: a real message log and a
 real in-flight table and deferred store (all in this process's memory), and a fake worker that provides exactly
-the narrow services a channel uses (workers/channel.py lists them) and records the frames it is asked to write."""
+the narrow services a channel uses (workers/domain/channel.py lists them) and records the frames it is asked to write."""
 import itertools
 import mmap
 import time
@@ -9,11 +9,11 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-from ipc.inflight import InFlightTable, inflight_nbytes
-from ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from ipc.msglog_layout import FRAME_OVERHEAD
-from workers.channel import Channel
-from workers.deferred import DeferredStore, LocalChunks
+from nsqpy.ipc.inflight import InFlightTable, inflight_nbytes
+from nsqpy.ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
+from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
+from nsqpy.workers.domain.channel import Channel
+from nsqpy.workers.domain.deferred import DeferredStore, LocalChunks
 
 S = 8 << 20
 
@@ -45,7 +45,7 @@ class FakeDirectory:
 
 
 class FakeWorker:
-    """The parts of workers.worker.Worker a channel uses; frames are recorded as (session, positions)."""
+    """The parts of nsqpy.workers.processes.worker.Worker a channel uses; frames are recorded as (session, positions)."""
 
     def __init__(self, capacity, compiled=True):
         self.round_buffer = np.empty(8 << 20, np.uint8) if compiled else None  # as the worker's FRAME_SCRATCH

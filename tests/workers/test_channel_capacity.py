@@ -6,8 +6,8 @@ MAX_ROUND_BYTES unless a single message is bigger (then it goes alone)."""
 import time
 
 from tests.workers.fakes import FakeSession, S, drain, finish_all, publish, setup  # noqa: F401 (fixture)
-from ipc.msglog_layout import FRAME_OVERHEAD
-from workers.channel import MAX_ROUND_BYTES
+from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
+from nsqpy.workers.domain.channel import MAX_ROUND_BYTES
 
 
 def test_a_full_in_flight_table_holds_messages_back_and_loses_none(setup):

@@ -1,7 +1,7 @@
-"""workers/control.py's per-worker flags: one word, written by its worker only, each bit read by the others."""
+"""workers/control/block.py's per-worker flags: one word, written by its worker only, each bit read by the others."""
 import types
 
-from workers.control import Control, nbytes
+from nsqpy.workers.control.block import Control, nbytes
 
 
 def test_quiesced_and_busy_are_separate_bits_of_one_worker_word():

@@ -1,4 +1,4 @@
-"""The control plane's transport (workers/controlplane.py): a process that is not a worker publishes to topic owners
+"""The control plane's transport (workers/control/client.py): a process that is not a worker publishes to topic owners
 and sends them commands through its producer slot of the links.
 
 The broker under test is nsqd's own start-up (this file run as a script: ``python test_controlplane.py SOCKET
@@ -34,8 +34,8 @@ if __name__ != "__main__":
 
     from tests.broker.conftest import LISTEN_RE, START_DEADLINE, Nsqd, _stop_all
     from tests.broker.wire import consumer, unique
-    from workers import commands as CMD
-    from workers.controlplane import TIMEOUT
+    from nsqpy.workers.control import commands as CMD
+    from nsqpy.workers.control.client import TIMEOUT
 
 
 # ---- the broker with a client child (runs in the subprocess) ----------------------------------------------
@@ -43,7 +43,7 @@ CLIENT_LISTENING = b"harness client: listening"
 
 
 def _client_main(plan, path, ready_fd):
-    from workers.controlplane import ControlPlane, PublishFailed, PublishTimeout
+    from nsqpy.workers.control.client import ControlPlane, PublishFailed, PublishTimeout
     cp = ControlPlane(plan, plan.workers)
     try:
         os.unlink(path)
@@ -96,9 +96,9 @@ def _client_main(plan, path, ready_fd):
 
 def _harness(argv):
     """nsqd's main, with the client child added to the supervisor once the plan exists."""
-    from workers import nsqd
-    from workers.plan import Plan
-    from workers.supervisor import Supervisor
+    from nsqpy.workers.processes import nsqd
+    from nsqpy.workers.processes.plan import Plan
+    from nsqpy.workers.processes.supervisor import Supervisor
     path, flags = argv[0], argv[1:]
     plans = []
     create, start = Plan.create, Supervisor.start

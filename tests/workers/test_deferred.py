@@ -1,4 +1,4 @@
-"""The deferred store (workers/deferred.py) and a channel's deferred messages, without a broker.
+"""The deferred store (workers/domain/deferred.py) and a channel's deferred messages, without a broker.
 
 What must hold: deferred messages are not bounded by the in-flight table (the store grows by chunks); entries
 come due in due-time order; a due message takes a slot only when a consumer gets it, and a full table keeps the
@@ -9,7 +9,7 @@ import time
 import numpy as np
 
 from tests.workers.fakes import FakeSession, drain, finish_all, publish, setup  # noqa: F401 (fixture)
-from workers.deferred import CHUNK, DeferredStore, LocalChunks
+from nsqpy.workers.domain.deferred import CHUNK, DeferredStore, LocalChunks
 
 HOUR = 3600 * 10**9
 

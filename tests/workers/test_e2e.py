@@ -1,4 +1,4 @@
-"""End-to-end latency windows (workers/e2e.py): known inputs give known percentiles, rotation drops what is older
+"""End-to-end latency windows (workers/domain/e2e.py): known inputs give known percentiles, rotation drops what is older
 than the window, memory stays bounded, and FIN (one and batched) records ``now - timestamp`` through the channel's
 hook with a real log and in-flight table (tests/workers/fakes.py). The rows the stats plane publishes for them are
 read back by the reader in nsqpy/broker/stats.py with nsqd's JSON shape."""
@@ -10,12 +10,12 @@ import numpy as np
 import pytest
 from numba import njit
 
-from ipc.shm import unlink_name
-from ipc.statrows import Board, RowWriter
+from nsqpy.ipc.shm import unlink_name
+from nsqpy.ipc.statrows import Board, RowWriter
 from nsqpy.broker.stats import KIND_CHANNEL, KIND_E2E, KIND_TOPIC, StatsReader, e2e_counters, encode_e2e, encode_name
 from tests.workers.fakes import FakeSession, drain, setup  # noqa: F401 (fixture)
-from workers.e2e import BUCKETS, RESERVOIR, LatencyWindow, merged_result, new_window
-from workers.stats import _body
+from nsqpy.workers.domain.e2e import BUCKETS, RESERVOIR, LatencyWindow, merged_result, new_window
+from nsqpy.workers.domain.stats_rows import _body
 
 MIN = 60 * 10**9
 Q = (1.0, 0.99, 0.5)
@@ -63,7 +63,7 @@ def test_memory_stays_bounded_and_sampled_percentiles_are_close():
     assert w.nbytes() <= BUCKETS * RESERVOIR * 8 + 100
     count, (top, p99, p50) = w.result(now_mono=2)
     assert count == 200_000 and top == 200_000   # the maximum is kept exactly
-    # a uniform sample of RESERVOIR: within ~4 standard deviations of the rank (documented in workers/e2e.py)
+    # a uniform sample of RESERVOIR: within ~4 standard deviations of the rank (documented in workers/domain/e2e.py)
     assert abs(p99 / 200_000 - 0.99) < 4 * (0.99 * 0.01 / RESERVOIR) ** 0.5
     assert abs(p50 / 200_000 - 0.5) < 4 * (0.25 / RESERVOIR) ** 0.5
 

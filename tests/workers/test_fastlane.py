@@ -1,4 +1,4 @@
-"""The forward lane (workers/fastlane.py) without a broker: a real pump, ring, wake-up flags and eventfds in local
+"""The forward lane (workers/lane/fastlane.py) without a broker: a real pump, ring, wake-up flags and eventfds in local
 memory (``LaneRig``), real sockets. What it forwards must be exactly the record the Python path writes, and
 everything it does not do must come back to Python untouched: staged for the commit, or as epoll events."""
 import os
@@ -12,9 +12,9 @@ import pytest
 
 from nsqpy.protocol import client as C
 from nsqpy.protocol.frames import OK_FRAME
-from workers.fastlane import BATCH, MISSES_BEFORE_SKIP, SKIP_AFTER_MISS, LaneRig
-from workers.handover import NAPS_FORWARDS, NAPS_WOKE
-from workers.records import FORWARD, unpack_forward
+from nsqpy.workers.lane.fastlane import BATCH, MISSES_BEFORE_SKIP, SKIP_AFTER_MISS, LaneRig
+from nsqpy.workers.connections.handover import NAPS_FORWARDS, NAPS_WOKE
+from nsqpy.workers.publishing.records import FORWARD, unpack_forward
 
 
 class Peer:

@@ -1,12 +1,12 @@
 """The owner drains forwarded publishes in runs: consecutive FORWARD records for one topic become one append
-(workers/records.py plan_forward_runs), anything else stays a record of its own, and a run the owner cannot take
-now is offered again, with everything after it, in order (workers/links.py Link.drain_runs)."""
+(workers/publishing/records.py plan_forward_runs), anything else stays a record of its own, and a run the owner cannot take
+now is offered again, with everything after it, in order (workers/publishing/links.py Link.drain_runs)."""
 import numpy as np
 import pytest
 
-from ipc.ring import Ring
-from workers import records as R
-from workers.links import Link
+from nsqpy.ipc.ring import Ring
+from nsqpy.workers.publishing import records as R
+from nsqpy.workers.publishing.links import Link
 
 
 def _ring(capacity=1 << 14):

@@ -1,4 +1,4 @@
-"""Every kernel takes its numba options from ``ipc.numba_cache`` (JIT, or JIT_CALLEE for a kernel only kernels call),
+"""Every kernel takes its numba options from ``nsqpy.ipc.numba_cache`` (JIT, or JIT_CALLEE for a kernel only kernels call),
 and no code outside a kernel names a JIT_CALLEE kernel.
 
 A JIT_CALLEE kernel has no CPython wrapper: called from Python, numba jumps through the missing wrapper and the

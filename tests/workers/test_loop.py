@@ -1,10 +1,10 @@
-"""The worker's event loop (workers/loop.py): readers, timers and idle callbacks in order, and an idle loop sleeps
+"""The worker's event loop (workers/processes/event_loop.py): readers, timers and idle callbacks in order, and an idle loop sleeps
 in epoll (little CPU)."""
 import os
 import resource
 import time
 
-from workers.loop import Loop
+from nsqpy.workers.processes.event_loop import Loop
 
 
 def test_events_timers_and_idle_callbacks_run_in_order():

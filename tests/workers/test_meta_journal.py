@@ -1,4 +1,4 @@
-"""The topic directory journal (workers/meta.py) on its own: scale, torn records, compaction, deletes.
+"""The topic directory journal (workers/storage/topic_journal.py) on its own: scale, torn records, compaction, deletes.
 
 What must hold: a change costs O(1) (100,000 topics are recorded in seconds, not the O(n^2) of rewriting the
 whole directory), a restarted reader sees exactly the changes whose records are complete, a writer that takes a
@@ -10,8 +10,8 @@ import time
 
 import pytest
 
-from workers import meta
-from workers.meta import Directory, journal_path, remove_journals, replay
+from nsqpy.workers.storage import topic_journal as meta
+from nsqpy.workers.storage.topic_journal import Directory, journal_path, remove_journals, replay
 
 N_TOPICS = 100_000
 N_CHANNELS = 1_000

@@ -1,4 +1,4 @@
-"""The owner's lone PUBs in the lane (workers/ownpath.py) without a broker: the lane's rig (a real pump, epoll and
+"""The owner's lone PUBs in the lane (workers/lane/ownpath.py) without a broker: the lane's rig (a real pump, epoll and
 sockets), a real message log in shared memory and a real in-flight table; the worker, topic, channels and
 consumers are small fakes with just what ``OwnPath`` reads. Each message must be appended once, reach its
 consumer before its OK reaches the producer, and everything the kernel does not take must come back to Python
@@ -13,18 +13,18 @@ from types import SimpleNamespace
 import numpy as np
 import pytest
 
-import workers.channel
-import workers.topic
-from ipc import msglog_kernels as MK
-from ipc.inflight import C_N_LIVE, InFlightTable, inflight_nbytes
+import nsqpy.workers.domain.channel
+import nsqpy.workers.domain.topic
+from nsqpy.ipc import msglog_kernels as MK
+from nsqpy.ipc.inflight import C_N_LIVE, InFlightTable, inflight_nbytes
 from nsqpy.protocol import client as C
 from nsqpy.protocol.frames import FRAME_MESSAGE, OK_FRAME
 from nsqpy.protocol.ids import IdGenerator
 from nsqpy.protocol.states import STATE_SUBSCRIBED
-from workers.fastlane import LaneRig, serve
-from workers.ownpath import MAX_N, OwnPath
-from workers.suspects import Suspect
-from workers.warmup import _throwaway_log
+from nsqpy.workers.lane.fastlane import LaneRig, serve
+from nsqpy.workers.lane.ownpath import MAX_N, OwnPath
+from nsqpy.workers.storage.poison import Suspect
+from nsqpy.workers.lane.warmup import _throwaway_log
 
 from test_fastlane import add_client, recv_exactly
 
@@ -60,7 +60,7 @@ class Worker:
 
 
 class Topic:
-    count_appended = workers.topic.Topic.count_appended  # the real bookkeeping, on the fake's fields
+    count_appended = nsqpy.workers.domain.topic.Topic.count_appended  # the real bookkeeping, on the fake's fields
 
     def __init__(self, name, log, worker):
         self.name, self.log, self.worker = name, log, worker
@@ -72,11 +72,11 @@ class Topic:
 
 
 class Channel:
-    delivering = workers.channel.Channel.delivering  # the real checks, on the fake's fields
-    has_messages = workers.channel.Channel.has_messages
-    finished_one = workers.channel.Channel.finished_one
-    turn = workers.channel.Channel.turn
-    served = workers.channel.Channel.served
+    delivering = nsqpy.workers.domain.channel.Channel.delivering  # the real checks, on the fake's fields
+    has_messages = nsqpy.workers.domain.channel.Channel.has_messages
+    finished_one = nsqpy.workers.domain.channel.Channel.finished_one
+    turn = nsqpy.workers.domain.channel.Channel.turn
+    served = nsqpy.workers.domain.channel.Channel.served
 
     def __init__(self, topic, name, key):
         self.topic, self.name, self.key, self.worker = topic, name, key, topic.worker

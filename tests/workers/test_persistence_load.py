@@ -9,8 +9,8 @@ import numpy as np
 import pytest
 
 from tests.workers.fakes import setup  # noqa: F401 (fixture)
-from workers.deferred import DeferredStore, LocalChunks
-from workers.persistence import LoadStopped, Persistence
+from nsqpy.workers.domain.deferred import DeferredStore, LocalChunks
+from nsqpy.workers.storage.clean_stop import LoadStopped, Persistence
 
 
 class NoMemoryChunks(LocalChunks):

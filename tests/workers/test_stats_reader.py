@@ -3,7 +3,7 @@ would not: random changes to the rows of two writers (topics and channels coming
 consumers and producers connecting, re-identifying, publishing, leaving), and after each batch the long-lived
 reader's snapshot, with and without filters, must equal the first snapshot of a reader that has seen nothing.
 
-The rows are written with the worker's own schema helpers, as ``workers/stats.py`` writes them, without a broker.
+The rows are written with the worker's own schema helpers, as ``workers/domain/stats_rows.py`` writes them, without a broker.
 """
 import json
 import mmap
@@ -13,15 +13,15 @@ import random
 import numpy as np
 import pytest
 
-from ipc.shm import list_segments
-from ipc.statrows import Board, RowWriter
+from nsqpy.ipc.shm import list_segments
+from nsqpy.ipc.statrows import Board, RowWriter
 from nsqpy.broker.stats import (KIND_CHANNEL, KIND_CLIENT, KIND_E2E, KIND_PUB, KIND_TEXT, KIND_TOPIC, StatsReader,
                                 e2e_counters, encode_e2e, encode_name, encode_text)
-from workers.stats import _body
+from nsqpy.workers.domain.stats_rows import _body
 
 
 class Writer:
-    """One worker's rows, changed at random (a model of what workers/stats.py does)."""
+    """One worker's rows, changed at random (a model of what workers/domain/stats_rows.py does)."""
 
     def __init__(self, board, w, name_of, rng):
         self.rows = RowWriter(board, w, lambda gen: name_of(w, gen))

@@ -1,4 +1,4 @@
-"""The supervisor's restarts (workers/supervisor.py), with real forked processes and no broker.
+"""The supervisor's restarts (workers/processes/supervisor.py), with real forked processes and no broker.
 
 Each test forks a supervisor process running ``Supervisor.run`` over small targets: children that exit at once
 some number of times, or always, or with EXIT_CANNOT_RUN. Children and the supervisor (through its Logger) write
@@ -15,8 +15,8 @@ import struct
 import time
 
 from nsqpy.log import Logger
-from workers import supervisor as S
-from workers.supervisor import EXIT_CANNOT_RUN, Supervisor, backoff
+from nsqpy.workers.processes import supervisor as S
+from nsqpy.workers.processes.supervisor import EXIT_CANNOT_RUN, Supervisor, backoff
 
 DEADLINE = 30.0
 

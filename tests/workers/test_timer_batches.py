@@ -1,7 +1,7 @@
 """TimerBatches on its own: one timer per delivery round, REMOVEd once its last slot left."""
 import numpy as np
 
-from workers.timers import TimerBatches
+from nsqpy.workers.timing.timer_batches import TimerBatches
 
 
 def slots(*values):

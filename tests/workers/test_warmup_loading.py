@@ -25,7 +25,7 @@ for cls in (numba.core.base.BaseContext, numba.core.typing.context.BaseContext):
 
 WARM_UP = COUNT_REFRESHES + """
 import os
-from workers import warmup
+from nsqpy.workers.lane import warmup
 assert warmup.warm_up(f"nsqpy-loadprobe-{os.getpid()}-", defer=False) is None
 print("cold" if warmup.cache_is_cold() else "warm", len(refreshes))
 """
@@ -57,7 +57,7 @@ KERNEL = textwrap.dedent("""
 
 CALL = COUNT_REFRESHES + """
 import numpy as np
-from workers.warmup import load_without_registries
+from nsqpy.workers.lane.warmup import load_without_registries
 load_without_registries()
 from probe_kernel import kernel
 result = kernel(np.arange(10, dtype=np.int64), "abc")

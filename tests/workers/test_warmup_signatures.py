@@ -10,7 +10,7 @@ then look at every numba dispatcher of ours.
   emptied, a crashed worker's channels rewound), so traffic-driven tests do not reach them all
   (tests/broker/test_first_start.py drives the common ones). This fails on a kernel of ours that the warm-up's
   steps leave uncompiled, unless NOT_IN_BROKER says why no broker process calls it. Fix one with a call in a
-  warm-up step (workers/warmup.py), with the argument types its caller passes.
+  warm-up step (workers/lane/warmup.py), with the argument types its caller passes.
 * **No literal copies.** numba compiles a callee separately for every distinct signature it is called with, and
   a constant argument (a literal ``0``, a module constant, or a loop variable on its first pass, before type
   inference widens it) is a distinct ``Literal[int]`` type. Each such copy is a full compile: on a cold cache (the
@@ -30,16 +30,18 @@ PROBE = """
 import gc, importlib, os, pkgutil
 from numba.core import types
 from numba.core.registry import CPUDispatcher
-from workers import warmup
+from nsqpy.workers.lane import warmup
 for step in warmup._steps(f"nsqpy-sigprobe-{os.getpid()}-"):
     step()
-import ipc, nsqpy, workers, http_api
-for pkg in (ipc, nsqpy, workers, http_api):  # every kernel of ours, also in modules the warm-up does not import
+import nsqpy, nsqpy.ipc, nsqpy.workers, nsqpy.http_api
+# every kernel of ours, also in modules the warm-up does not import (a checkout's nsqpy.__path__ does not list the
+# sub-packages that setup.cfg's package_dir maps from the top of the repository: each is walked on its own)
+for pkg in (nsqpy, nsqpy.ipc, nsqpy.workers, nsqpy.http_api):
     for m in pkgutil.walk_packages(pkg.__path__, pkg.__name__ + "."):
         importlib.import_module(m.name)
-gc.unfreeze()  # workers.nsqd freezes what is alive at its import: get_objects() would not list it
+gc.unfreeze()  # nsqpy.workers.processes.nsqd freezes what is alive at its import: get_objects() would not list it
 for d in gc.get_objects():
-    if isinstance(d, CPUDispatcher) and d.py_func.__module__.split(".")[0] in ("ipc", "nsqpy", "workers", "http_api"):
+    if isinstance(d, CPUDispatcher) and d.py_func.__module__.split(".")[0] == "nsqpy":
         name = f"{d.py_func.__module__}.{d.py_func.__name__}"
         plain = {tuple(types.unliteral(a) for a in sig) for sig in d.signatures}
         if len(plain) < len(d.signatures):
@@ -51,11 +53,11 @@ print("checked")
 
 # Kernels of ours that no broker process calls, so the warm-up leaves them alone.
 NOT_IN_BROKER = {
-    "ipc.atomics.py_cas": "no caller outside the atomics' tests",
-    "ipc.heap.heap_pop": "TimerHeap.pop: tests (the scanner takes what is due with peek_and_shift)",
-    "ipc.heap.heap_check": "TimerHeap.check: the tests' invariant check",
-    "ipc.inflight.inflight_check": "InFlightTable.check: the tests' invariant check",
-    "ipc.ring.ring_write_batch": "Ring.write_batch: tests (the broker writes a ring's records one by one)",
+    "nsqpy.ipc.atomics.py_cas": "no caller outside the atomics' tests",
+    "nsqpy.ipc.heap.heap_pop": "TimerHeap.pop: tests (the scanner takes what is due with peek_and_shift)",
+    "nsqpy.ipc.heap.heap_check": "TimerHeap.check: the tests' invariant check",
+    "nsqpy.ipc.inflight.inflight_check": "InFlightTable.check: the tests' invariant check",
+    "nsqpy.ipc.ring.ring_write_batch": "Ring.write_batch: tests (the broker writes a ring's records one by one)",
     "nsqpy.protocol.kernels.frame_messages": "frames.frame_message_batch: the benchmarks' source server, tests",
     "nsqpy.protocol.kernels.write_be": "called by frame_messages only",
     "nsqpy.protocol.kernels.decode_message_frames": "the client library, in its user's process",

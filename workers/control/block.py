@@ -1,0 +1,151 @@
+"""The broker's control block: a few shared words per process, each with one writer (one exception below).
+
+Layout (int64 words after the common header line, one LINE per process so writers never share a cache line):
+
+    line 0          header (magic 'NSQCTRL1', version, size, workers)
+    line 1          scanner: epoch (bumped by every scanner start), restarts seen by the supervisor
+    line 2 + w      worker w: connections it serves (written by worker w, read by the acceptor), restarts, then
+                    its suspect words (what it is doing, for its replacement: workers/storage/poison.py), then its
+                    flags (quiesced: at shutdown it takes no more publishes, see Worker.stop; busy: it used
+                    more than its busy share of a core over its last load period, so auto placement moves no
+                    producer to it, see Worker.move_producer) and the time of its
+                    last failure to store messages (nsqpy/broker/health.py), then the producers other workers
+                    moved to it (--producer-placement=auto; the one word with several writers: a sender adds one
+                    when it hands a producer over, worker w subtracts one when such a session leaves, both with
+                    an atomic add, and a replacement of w resets it)
+    then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
+
+The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop
+iteration and re-post their timers when it moved (the scanner restarted and cleared its heaps).
+
+Full topics: a worker that cannot append to a topic it owns marks it (slot crc32 % FULL_SLOTS holds the crc with
+a marker bit), and the other workers refuse publishes to it at once (E_PUB_FAILED, as nsqd) instead of forwarding
+records the owner could not take. Two full topics on one slot: the later wins, the other's publishes are
+forwarded and land in the log's overdraft (nsqpy.ipc.msglog.OVERDRAFT_SEGMENTS); a topic never looks full by mistake.
+"""
+from nsqpy.ipc.atomics import py_fetch_add, py_load_acquire, py_store_release
+from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
+
+MAGIC = magic("NSQCTRL1")
+VERSION = 2
+SCANNER_EPOCH, SCANNER_RESTARTS = LINE_WORDS, LINE_WORDS + 1
+W_CONNS, W_RESTARTS = 0, 1
+W_FLAGS = 13            # after workers/storage/poison.py's words: F_* bits, written by the worker only
+F_QUIESCED = 1          # it stopped taking publishes (shutdown)
+F_BUSY = 2              # over its busy share of a core in its last load period (auto placement)
+W_STORAGE_FAILED = 14   # ns time of the worker's last failure to store (0: its last store worked): /ping's health
+W_MOVED_IN = 15         # round-trip producers moved to this worker as their topics' owner (auto placement)
+FULL_SLOTS = 256
+_FULL_MARK = 1 << 40
+
+
+def nbytes(workers):
+    return LINE * (2 + workers) + 8 * FULL_SLOTS * workers
+
+
+class Control:
+    def __init__(self, seg, workers):
+        self.seg = seg
+        self.workers = workers
+        self.w = words(seg.buf, 0, nbytes(workers) // 8, "control block")
+        check_header(self.w[:HEADER_WORDS], MAGIC, VERSION, nbytes(workers), (workers,), what="control block")
+
+    @classmethod
+    def create(cls, seg, workers):
+        w = words(seg.buf, 0, nbytes(workers) // 8, "control block")
+        w[:] = 0
+        stamp_header(w[:HEADER_WORDS], MAGIC, VERSION, nbytes(workers), (workers,))
+        return cls(seg, workers)
+
+    def _worker(self, w, field):
+        return (2 + w) * LINE_WORDS + field
+
+    def add_connections(self, w, delta):
+        py_fetch_add(self.w, self._worker(w, W_CONNS), delta)
+
+    def set_connections(self, w, n):
+        py_store_release(self.w, self._worker(w, W_CONNS), n)
+
+    def connections(self, w):
+        return int(py_load_acquire(self.w, self._worker(w, W_CONNS)))
+
+    def least_loaded(self, besides=None):
+        return min((w for w in range(self.workers) if w != besides), key=self.connections)
+
+    def add_moved_in(self, w, delta):
+        py_fetch_add(self.w, self._worker(w, W_MOVED_IN), delta)
+
+    def set_moved_in(self, w, n):
+        py_store_release(self.w, self._worker(w, W_MOVED_IN), n)
+
+    def moved_in(self, w):
+        """Producers moved to worker w because it owns their topics (it counts them; others read)."""
+        return int(py_load_acquire(self.w, self._worker(w, W_MOVED_IN)))
+
+    def clear_flags(self, w):
+        """A worker (or its replacement) starting: neither quiesced nor busy."""
+        py_store_release(self.w, self._worker(w, W_FLAGS), 0)
+
+    def _flags(self, w):
+        return int(py_load_acquire(self.w, self._worker(w, W_FLAGS)))
+
+    def _set_flag(self, w, bit, on):
+        v = self._flags(w)  # only worker w writes its flags: a load and a store do
+        py_store_release(self.w, self._worker(w, W_FLAGS), v | bit if on else v & ~bit)
+
+    def set_quiesced(self, w, flag):
+        self._set_flag(w, F_QUIESCED, flag)
+
+    def quiesced(self, w):
+        return bool(self._flags(w) & F_QUIESCED)
+
+    def set_busy(self, w, flag):
+        self._set_flag(w, F_BUSY, flag)
+
+    def busy(self, w):
+        return bool(self._flags(w) & F_BUSY)
+
+    def set_storage_failed(self, w, when_ns):
+        py_store_release(self.w, self._worker(w, W_STORAGE_FAILED), when_ns)
+
+    def storage_failed(self, w):
+        """ns time of worker w's last failure to store messages, still unresolved (0: none)."""
+        return int(py_load_acquire(self.w, self._worker(w, W_STORAGE_FAILED)))
+
+    def count_restart(self, w):
+        """Called by the supervisor; w = -1 for the scanner."""
+        idx = SCANNER_RESTARTS if w < 0 else self._worker(w, W_RESTARTS)
+        py_fetch_add(self.w, idx, 1)
+
+    def restarts(self):
+        return [int(self.w[self._worker(w, W_RESTARTS)]) for w in range(self.workers)] + \
+            [int(self.w[SCANNER_RESTARTS])]
+
+    def _full_slot(self, w, crc):
+        return (2 + self.workers) * LINE_WORDS + w * FULL_SLOTS + crc % FULL_SLOTS
+
+    def set_topic_full(self, w, crc, full):
+        """Worker w (the owner) marks or clears the topic whose name has this crc32."""
+        i = self._full_slot(w, crc)
+        if full:
+            py_store_release(self.w, i, _FULL_MARK | crc)
+        elif int(self.w[i]) == _FULL_MARK | crc:
+            py_store_release(self.w, i, 0)
+
+    def full_word(self, w, crc):
+        """(index into ``self.w``, value it holds while the topic is full): ``topic_full`` for compiled code."""
+        return self._full_slot(w, crc), _FULL_MARK | crc
+
+    def topic_full(self, w, crc):
+        return int(self.w[self._full_slot(w, crc)]) == _FULL_MARK | crc  # a stale answer costs one publish
+
+    def suspect(self, w):
+        """Worker w's suspect words (workers/storage/poison.py): what it is doing, for its replacement."""
+        from nsqpy.workers.storage.poison import Suspect
+        return Suspect(self.w, self._worker(w, 0))
+
+    def bump_scanner_epoch(self):
+        py_fetch_add(self.w, SCANNER_EPOCH, 1)
+
+    def scanner_epoch(self):
+        return int(self.w[SCANNER_EPOCH])  # read every loop iteration: a plain (x86: acquire) load is enough

@@ -1,0 +1,533 @@
+"""A channel, inside its topic's owner worker: consumers, delivery, FIN/REQ/TOUCH, timeouts.
+
+Theory of operation: the channel's queue is its cursor in the topic's message log plus two deques of messages that
+came back: in-flight slots (REQ 0, timeout, a consumer that disconnected) and deferred-store entries that came due.
+Each waits behind what was waiting in the channel when it came back (NSQ puts it back into the channel's queue):
+its mark is the log's head at that moment, and the log's records before the earliest mark go out first.
+Delivery is credit-based like RDY itself: a consumer gets up to ``rdy - in_flight`` messages, handed out in
+rounds of at most ``ROUND`` per consumer. Consumers take turns: a pass starts with the consumer after the last one
+that got messages, so a pass that delivers nothing (a FIN's, with nothing waiting) moves no turn. One round
+for one consumer is one log read, one in-flight ``start_batch`` and one framing call, never a Python loop per
+message; the usual round does all three in one compiled call (``kernels.deliver_round``). Every state change of
+a slot is reported to the scanner (START with a deadline, REMOVE), which owns the timers and sends EXPIRED back
+(``on_expired``).
+
+A message whose ``not_before`` lies in the future (DPUB) is parked in the worker's deferred store
+(``workers/domain/deferred.py``) when the cursor reaches it, so that it is deferred per channel as NSQ does; a REQ with
+a delay moves its message from its in-flight slot to the same store. The store grows on demand: deferred
+messages never take in-flight slots while they wait. When they come due they queue in ``due`` and take a slot
+only when a consumer gets them. A DPUB to a topic with channels is parked for each of them as it is appended
+(``Topic.append``), so it counts as deferred at once, as in nsqd.
+
+``message_count`` is nsqd's: every message put into the channel (counted as its topic appends it,
+``Topic.count_appended``), not deliveries; a requeue, timeout or due deferred message does not count again.
+
+What a channel needs from its worker is narrow (a unit test passes a small fake, see
+tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
+``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end, and
+its words ``w`` from ``base``), ``write_frames(session, log, positions, attempts)``, ``round_buffer`` (a uint8
+array for a compiled round's frames, or None: no compiled rounds) with ``send_frames(session, buffer, end,
+sent)`` and ``direct_fd(session)`` (its socket, for a compiled round to send to at once, or -1),
+``timer_start``/``timer_start_each``/``timer_leave``/``timer_leave_one``, ``channel_changed(channel)`` (a FIN
+with nothing left to deliver: the marks a delivery pass would make), ``deferred_changed()``,
+``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
+``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN then records end-to-end
+latencies, ``workers/domain/e2e.py``).
+"""
+import collections
+import itertools
+import time
+
+import numpy as np
+
+from nsqpy.ipc import inflight as IF
+from nsqpy.protocol.errors import FinFailed, ReqFailed, TouchFailed
+from nsqpy.protocol.ids import hex_to_id
+from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
+from nsqpy.workers.domain.deferred import DeferredNoSpace
+from nsqpy.workers.domain.e2e import new_window
+from nsqpy.workers.lane.kernels import deliver_round, generations, waiting_positions
+from nsqpy.workers.storage.poison import DELIVERY
+
+ROUND = 256            # messages per consumer per round: fairness between consumers vs. calls per message
+MAX_ROUND_BYTES = 4 << 20   # frames per round (a single bigger message goes alone)
+NO_STOP = np.iinfo(np.int64).max
+_FAIL_TEXT = {IF.ST_NOT_OWNER: "client does not own message"}
+
+
+def _round_size(frames, at_least):
+    """How many of these frame sizes (in order) fit one round's MAX_ROUND_BYTES, but at least `at_least` (a
+    message bigger than a round goes alone)."""
+    return max(int(np.searchsorted(np.cumsum(frames), MAX_ROUND_BYTES, side="right")), at_least)
+
+
+def _fail_text(status):
+    return _FAIL_TEXT.get(status, "ID not in flight")
+
+
+class Channel:
+    def __init__(self, topic, name, ch, key):
+        self.topic = topic
+        self.worker = topic.worker
+        self.name = name
+        self.ch = ch            # slot in the topic's message log
+        self.key = key          # worker-unique channel number (the in-flight table's channel field)
+        self.ephemeral = name.endswith("#ephemeral")
+        self.paused = False
+        self.consumers = []
+        self.requeued = collections.deque()   # (in-flight slot, mark): to deliver again (REQ 0, timeout, disconnect)
+        self.due = collections.deque()        # (deferred-store entry, mark): came due, waiting for a consumer
+        self.message_count = 0  # messages put into the channel (nsqd's channel message_count)
+        self.requeue_count = 0
+        self.timeout_count = 0
+        self.deleted = False
+        self.blocked = False    # the last delivery pass found the in-flight table full
+        self._rr = 0            # the consumer whose turn it is to be served first
+        self._slots = np.empty(ROUND, np.int64)
+        self._status = np.empty(65536, np.int64)
+        self._freed = np.empty(65536, np.int64)
+        # end-to-end latencies of FINed messages (workers/domain/e2e.py): None without --e2e-processing-latency-percentile
+        self.e2e = new_window(self.worker.opts)
+
+    # ---- consumers -------------------------------------------------------------------------------------
+    def add_consumer(self, session):
+        self.consumers.append(session)
+        session.channel = self
+
+    def remove_consumer(self, session):
+        if session in self.consumers:
+            self.consumers.remove(session)
+        self.requeue_conn(session)
+        if self.ephemeral and not self.consumers and not self.deleted:
+            self.topic.delete_channel(self.name)
+
+    def wants_delivery(self):
+        self.worker.pending.add(self)
+
+    # ---- delivery --------------------------------------------------------------------------------------
+    def has_messages(self):
+        return bool(self.requeued) or bool(self.due) or self.topic.log.depth(self.ch) > 0
+
+    @property
+    def deferred_count(self):
+        """Deferred messages not yet due (NSQ's deferred_count; due ones count in the depth)."""
+        return self.worker.deferred.counts.get(self.key, 0) - len(self.due)
+
+    def depth(self):
+        """NSQ's depth: messages waiting for delivery (the log ahead of the cursor, requeued, due)."""
+        return self.topic.log.depth(self.ch) + len(self.requeued) + len(self.due)
+
+    def delivering(self):
+        """Whether a delivery pass may hand out messages now (consumers, nothing paused, not deleted)."""
+        return not (self.paused or self.topic.paused or not self.consumers or self.deleted)
+
+    def turn(self):
+        """Index in ``consumers`` of the consumer to serve first (after the last one served)."""
+        return self._rr % len(self.consumers)
+
+    def served(self, s):
+        """s got messages: the next pass starts with the consumer after it."""
+        try:
+            self._rr = self.consumers.index(s) + 1
+        except ValueError:
+            pass
+
+    def deliver(self):
+        """One delivery pass over the consumers, starting with the one whose turn it is; True when more could be
+        delivered right away."""
+        if not self.delivering():
+            return False
+        consumers = self.consumers
+        n = len(consumers)
+        start = self.turn()
+        self.blocked = False
+        for i in range(n):
+            if self.blocked:
+                return False
+            k = (start + i) % n
+            s = consumers[k]
+            free = s.rdy - s.in_flight
+            if free <= 0 or not s.ready_for_more():
+                continue
+            budget = min(free, ROUND)
+            careful = self.worker.suspect.careful_rounds(self.key)
+            if careful:
+                budget = 1  # the worker died delivering this channel: one message per round names the culprit
+            delivered = self._deliver_to(s, budget)
+            if delivered:
+                self._rr = k + 1
+                if careful:
+                    self.worker.suspect.careful_done()
+            if delivered == 0 and not self.has_messages():
+                return False
+        if self.blocked:
+            return False
+        return any(c.ready_for_more() for c in self.consumers) and self.has_messages()
+
+    def _deliver_to(self, s, budget):
+        now = time.time_ns()
+        deadline = now + s.settings.msg_timeout_ms * 1_000_000
+        log = self.topic.log
+        mark = NO_STOP
+        if self.requeued or self.due:
+            mark = self._earliest_mark()
+            cursor = log.cursor(self.ch)
+            if cursor >= mark:
+                return self._deliver_came_back(s, budget, now, deadline, cursor)
+        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0:
+            n = self._deliver_round(s, budget, now, deadline)
+            if n >= 0:
+                return n
+        b = log.read(self.ch, budget, MAX_ROUND_BYTES)  # at least one record, however big (delivered alone)
+        n, nxt = b.n, b.next_position
+        if mark != NO_STOP:
+            k = int(np.searchsorted(b.positions[:n], mark))
+            if k == 0:  # nothing of the log lies before the mark: the messages that came back are next
+                return self._deliver_came_back(s, budget, now, deadline, int(b.positions[0]) if n else NO_STOP)
+            if k < n:
+                n, nxt = k, int(b.positions[k])
+        delivered = self._deliver_read(s, b, n, nxt, now, deadline)
+        if not delivered and self.blocked and self.requeued:
+            # the in-flight table is full, and the requeued messages hold slots of their own that only their
+            # delivery (and a FIN) can free: they go now rather than wait behind messages that wait for slots
+            self.blocked = False
+            self.worker.table_blocked.discard(self)
+            return self._redeliver(s, min(budget, len(self.requeued)), now, deadline)
+        return delivered
+
+    def _deliver_read(self, s, b, n, nxt, now, deadline):
+        """The first n records of read b (the cursor moves to nxt at most): started in flight at s and framed,
+        deferred ones parked, sampled ones skipped; -> how many were delivered."""
+        if n == 0:
+            return 0
+        log = self.topic.log
+        pos, ids, att = b.positions[:n], b.ids[:n], b.attempts[:n] + 1
+        keep = None
+        stop = NO_STOP  # the first record that found no in-flight slot: the cursor stops there
+        if b.latest_not_before > now:  # (a comparison of ints: no array test on every round)
+            nb = b.not_before[:n]
+            deferred = nb > now
+            stop = self._park_deferred(pos[deferred], ids[deferred], att[deferred] - 1, nb[deferred], now)
+            keep = ~deferred
+        if s.settings.sample_rate > 0:
+            sampled = np.random.randint(0, 100, n) <= s.settings.sample_rate
+            keep = sampled if keep is None else keep & sampled
+        if keep is not None:
+            pos, ids, att = pos[keep], ids[keep], att[keep]
+        if stop != NO_STOP:
+            before = pos < stop
+            pos, ids, att = pos[before], ids[before], att[before]
+        pos, att, slots, full_at = self._start(s, pos, ids, att, now, deadline)
+        stop = min(stop, full_at)
+        # A full in-flight table is back-pressure, never loss: the cursor passes only what was started, parked
+        # or skipped; what follows is read again once FIN/REQ/timeouts free slots (they all call
+        # wants_delivery). Records after the stop that did get a slot are live in it; re-reading them finds
+        # ST_DUPLICATE and skips them, so they are delivered once, through their slot.
+        # The cursor moves before the frames are written: from here on the messages live in their slots, so a
+        # worker that dies framing them (workers/storage/poison.py) finds them there, requeued, and can set one aside.
+        log.advance(self.ch, nxt if stop == NO_STOP else stop)
+        return self._send(s, pos, att, slots, deadline)
+
+    def _earliest_mark(self):
+        """The log position before which the oldest message that came back waits (the head when it came back)."""
+        return min(self.requeued[0][1] if self.requeued else NO_STOP, self.due[0][1] if self.due else NO_STOP)
+
+    def _deliver_came_back(self, s, budget, now, deadline, limit):
+        """Requeued or due messages, whichever came back first, and of that kind those that came back before the
+        other kind's first and with no message of the log ahead of them (``limit``: the position of the log's next
+        one for this channel, or a position at or before it)."""
+        requeued = self.requeued[0][1] if self.requeued else NO_STOP
+        due = self.due[0][1] if self.due else NO_STOP
+        if requeued <= due:
+            queue, deliver, bound = self.requeued, self._redeliver, min(limit, due)
+        else:
+            queue, deliver, bound = self.due, self._deliver_due, min(limit, requeued)
+        want = 0
+        for _, mark in itertools.islice(queue, budget):
+            if mark > bound and want:
+                break
+            want += 1
+        return deliver(s, want, now, deadline)
+
+    def put_back(self, slots):
+        """In-flight slots requeued in the table (REQ 0, timeout, disconnect) wait behind what the channel holds
+        now, as nsqd puts such a message back into the channel's queue."""
+        mark = self.topic.log.head
+        self.requeued.extend((slot, mark) for slot in slots)
+
+    def came_due(self, entry):
+        """A deferred-store entry came due: it waits behind what the channel holds now."""
+        self.due.append((entry, self.topic.log.head))
+
+    def _deliver_round(self, s, budget, now, deadline):
+        """The usual round from the cursor in one compiled call (``kernels.deliver_round``: read, in-flight slots,
+        cursor, frames, and their send when nothing is queued before them); -> messages delivered, or < 0 for a
+        round it leaves to the general path (a deferred record, too few free slots, a round bigger than the
+        worker's frame buffer), which reads again."""
+        w = self.worker
+        log, table, out, suspect = self.topic.log, w.inflight, w.round_buffer, w.suspect
+        win = log.window
+        n, end, sent = deliver_round(log.ctrl, win.data, win.data64, self.ch, budget, MAX_ROUND_BYTES, now,
+                                     deadline, table.ctl, table.slots, table.index, self.topic.index, self.key,
+                                     s.conn_id, *log.read_arrays(budget), self._slots, out, suspect.w,
+                                     suspect.base, w.direct_fd(s))
+        if n > 0:
+            w.send_frames(s, out, end, sent)
+            self._started(s, self._slots[:n], deadline)
+        return n
+
+    def _start(self, s, pos, ids, att, now, deadline):
+        """In-flight slots for these messages -> (positions, attempts, slots of those that got one, position of
+        the first that found the table full or NO_STOP)."""
+        n = len(pos)
+        if n == 0:
+            return pos, att, pos, NO_STOP
+        w = self.worker
+        slots = self._slots[:n] if n <= ROUND else np.empty(n, np.int64)
+        started = w.inflight.start_batch(self.topic.index, self.key, s.conn_id, now, deadline, ids, pos, att, slots)
+        full_at = NO_STOP
+        if started != n:  # duplicates after a crash re-read, or a full table: deliver only what got a slot
+            full = slots == IF.ST_FULL
+            if full.any():
+                full_at = int(pos[full].min())
+                self._table_full()
+            ok = slots >= 0
+            pos, att, slots = pos[ok], att[ok], slots[ok]
+        return pos, att, slots, full_at
+
+    def _send(self, s, pos, att, slots, deadline):
+        """Frame the started messages into s's output and post their timer; -> how many."""
+        n = len(slots)
+        if n == 0:
+            return 0
+        w = self.worker
+        w.suspect.begin(DELIVERY, self.topic.index, self.key, int(pos[0]), n)
+        w.write_frames(s, self.topic.log, pos, att)
+        w.suspect.end()
+        self._started(s, slots, deadline)
+        return n
+
+    def _started(self, s, slots, deadline):
+        """The slots' messages were framed into s's output: their timer and counts."""
+        n = len(slots)
+        self.worker.timer_start(slots, deadline)
+        s.in_flight += n
+        s.message_count += n
+
+    def _table_full(self):
+        """No in-flight slot left: stop this pass; the worker resumes the channel once a slot is free."""
+        self.blocked = True
+        self.worker.table_blocked.add(self)
+
+    def _redeliver(self, s, budget, now, deadline):
+        """Requeued messages first, up to ``budget`` of them and MAX_ROUND_BYTES of frames (at least one, however
+        big it is): a round's frames must fit the worker's frame buffer whatever was requeued."""
+        w = self.worker
+        table = w.inflight
+        want = min(budget, len(self.requeued))
+        peek = np.fromiter((e[0] for e in itertools.islice(self.requeued, want)), np.int64, want)
+        pos = np.empty(want, np.int64)
+        waiting_positions(table.slots, peek, pos)
+        live = pos >= 0
+        frames = np.zeros(want, np.int64)
+        if live.any():
+            frames[live] = self.topic.log.records_at(pos[live]).lengths[:int(live.sum())] + FRAME_OVERHEAD
+        take = _round_size(frames, int(np.argmax(live)) + 1)
+        taken = []
+        for _ in range(min(take, want)):
+            slot = self.requeued.popleft()[0]
+            if table.redeliver(slot, s.conn_id, now, deadline) == IF.OK:
+                taken.append(slot)
+        slots = np.array(taken, np.int64)
+        _, pos, att = generations(table, slots)
+        return self._send(s, pos, att, slots, deadline)
+
+    def _park_deferred(self, pos, ids, att, not_before, now):
+        """Deferred messages wait in the worker's deferred store until due; -> NO_STOP, or the first position
+        when the store could not grow (no shared memory): the cursor stops there and the channel is tried
+        again shortly, nothing is lost."""
+        w = self.worker
+        try:
+            w.deferred.add(self.topic.index, self.key, ids, pos, att, not_before)
+        except DeferredNoSpace as e:
+            w.storage_failed(f"CHANNEL({self.topic.name}:{self.name}): cannot defer messages", e)
+            self.blocked = True
+            w.retry_later(self)
+            return int(pos.min())
+        w.deferred_changed()
+        return NO_STOP
+
+    def _deliver_due(self, s, budget, now, deadline):
+        """Deferred messages that came due: each takes an in-flight slot now (the store entry is freed once the
+        slot holds it); at most ``budget`` and MAX_ROUND_BYTES of frames (at least one). A full table stops
+        here, the rest stay due."""
+        store = self.worker.deferred
+        want = min(budget, len(self.due))
+        idx = np.fromiter((e[0] for e in itertools.islice(self.due, want)), np.int64, want)
+        _, _, ids, pos, att, _ = store.fields(idx)
+        lengths = self.topic.log.records_at(pos).lengths[:want] + FRAME_OVERHEAD
+        take = _round_size(lengths, 1)
+        idx, ids, pos, att = idx[:take], ids[:take], pos[:take], att[:take] + 1
+        table = self.worker.inflight
+        slots = self._slots[:take] if take <= ROUND else np.empty(take, np.int64)
+        table.start_batch(self.topic.index, self.key, s.conn_id, now, deadline, ids, pos, att, slots)
+        full = slots == IF.ST_FULL
+        stop = int(np.argmax(full)) if full.any() else take
+        for _ in range(stop):
+            self.due.popleft()
+        if stop < take:
+            self._table_full()
+        # started, or already holding a slot (a crash between start and free): either way the slot delivers it
+        store.free(idx[:stop])
+        ok = slots[:stop] >= 0
+        pos, att, slots = pos[:stop][ok], att[:stop][ok], slots[:stop][ok]
+        return self._send(s, pos, att, slots, deadline)
+
+    # ---- FIN / REQ / TOUCH -------------------------------------------------------------------------------
+    def finish_one(self, s, msg_id):
+        slot = self._lookup(s, msg_id, "FIN", FinFailed)
+        table = self.worker.inflight
+        table.release(slot)
+        if self.e2e is not None:
+            self.e2e.record(self.topic.log, table.slots, np.array([slot], np.int64))
+        self.finished_one(s, slot)
+
+    def finished_one(self, s, slot):
+        """s's message in ``slot`` was finished (released in the in-flight table, here or in the lane's own path):
+        its round's timer, the counts, and the channel's next delivery or its change mark."""
+        w = self.worker
+        w.timer_leave_one(slot)
+        s.in_flight -= 1
+        s.finish_count += 1
+        if self.has_messages():
+            self.wants_delivery()
+        else:
+            w.channel_changed(self)  # what a delivery pass marks, without a pass (an unbuffered consumer's FINs)
+
+    def finish_batch(self, s, batch):
+        n = len(batch)
+        status, freed = self._status[:n], self._freed[:n]
+        if n > len(self._status):
+            status, freed = np.empty(n, np.int64), np.empty(n, np.int64)
+        ids = batch.values
+        table = self.worker.inflight
+        done = table.finish_batch(self.key, ids, s.conn_id, status, freed)
+        if done:
+            if self.e2e is not None:
+                self.e2e.record(self.topic.log, table.slots, freed)  # (failures' entries are -1)
+            self.worker.timer_leave(freed[status == IF.OK])
+            s.in_flight -= done
+            s.finish_count += done
+            self.wants_delivery()
+        if done != n:
+            for i in np.nonzero(status != IF.OK)[0].tolist():
+                s._fail(FinFailed(f"FIN {bytes(batch.ids[i]).decode('latin-1')} failed "
+                                  f"{_fail_text(int(status[i]))}"))
+
+    def _lookup(self, s, msg_id, verb, error):
+        value = hex_to_id(msg_id)
+        slot = IF.ST_NOT_FOUND if value is None else self.worker.inflight.lookup(self.key, value, s.conn_id)
+        if slot < 0:
+            raise error(f"{verb} {msg_id.decode('latin-1')} failed {_fail_text(slot)}")
+        return slot
+
+    def requeue(self, s, msg_id, timeout_ms):
+        slot = self._lookup(s, msg_id, "REQ", ReqFailed)
+        table = self.worker.inflight
+        self.worker.timer_leave_one(slot)
+        if timeout_ms <= 0:
+            table.requeue(slot, 0)
+            self.put_back((slot,))
+        elif not self._defer_slot(slot, time.time_ns() + timeout_ms * 1_000_000):
+            table.requeue(slot, 0)  # the store cannot grow: requeue now rather than lose it
+            self.put_back((slot,))
+        s.in_flight -= 1
+        s.requeue_count += 1
+        self.requeue_count += 1
+        self.wants_delivery()
+
+    def _defer_slot(self, slot, due):
+        """Move an in-flight message to the deferred store until `due` (entry first, then the slot is freed: a
+        crash in between leaves both, and recovery keeps the slot). False if the store cannot grow."""
+        w = self.worker
+        info = w.inflight.slot(slot)
+        msg_id = info.msg_id - (1 << 64) if info.msg_id >= 1 << 63 else info.msg_id
+        try:
+            w.deferred.add(self.topic.index, self.key, np.array([msg_id], np.int64),
+                           np.array([info.log_pos], np.int64), np.array([info.attempts], np.int64),
+                           np.array([due], np.int64))
+        except DeferredNoSpace as e:
+            w.storage_failed(f"CHANNEL({self.topic.name}:{self.name}): cannot defer a message", e)
+            return False
+        w.inflight.release(slot)
+        w.deferred_changed()
+        return True
+
+    def touch(self, s, msg_id):
+        slot = self._lookup(s, msg_id, "TOUCH", TouchFailed)
+        table = self.worker.inflight
+        info = table.slot(slot)
+        now = time.time_ns()
+        deadline = min(now + s.settings.msg_timeout_ms * 1_000_000,
+                       info.delivered_ns + self.worker.opts.max_msg_timeout)
+        table.touch(slot, deadline)
+        self.worker.timer_leave_one(slot)
+        self.worker.timer_start_each([slot], [deadline])
+
+    # ---- timers and disconnects ------------------------------------------------------------------------
+    def on_expired(self, slot, info, session):
+        """The scanner says slot's deadline passed (the generation was already checked): an in-flight message
+        timed out, or a deferred one is due. Either way it goes back into the channel, behind what waits there."""
+        if info.state == IF.IN_FLIGHT:
+            self.timeout_count += 1
+            if session is not None:
+                session.in_flight -= 1
+                if session.ready_for_more():
+                    self.wants_delivery()
+            self.worker.inflight.requeue(slot, 0)
+        self.put_back((slot,))
+        self.wants_delivery()
+
+    def requeue_conn(self, session):
+        """Everything in flight at a consumer that went away comes back at once."""
+        table = self.worker.inflight
+        slots = table.iter_conn(session.conn_id)
+        mine = [x for x in slots.tolist() if table.slot(x).channel == self.key]
+        for slot in mine:
+            table.requeue(slot, 0)
+        self.put_back(mine)
+        if mine:
+            self.worker.timer_leave(np.array(mine, np.int64))
+            session.in_flight = 0
+            self.wants_delivery()
+
+    def pause(self, paused):
+        """Stop (or resume) delivery; messages keep arriving (NSQ's channel pause)."""
+        if paused == self.paused:
+            return
+        self.paused = paused
+        self.worker._record(self.worker.directory.channel_paused, self.key, paused)
+        if not paused:
+            self.wants_delivery()
+
+    def empty(self):
+        """NSQ's channel empty: its queue (memory and disk), in-flight and deferred messages are gone; the
+        consumers stay (FIN of a message they still hold then fails, as in nsqd)."""
+        self.drop_all()
+        log = self.topic.log
+        log.advance(self.ch, log.head)
+        self.worker.touched.add(self.topic)
+
+    def drop_all(self):
+        """Channel deleted or emptied: free every slot it holds."""
+        table = self.worker.inflight
+        slots = self.worker.slots_of_channel(self.key)
+        self.worker.timer_leave(np.array(slots, np.int64))
+        for slot in slots:
+            table.release(slot)
+        self.requeued.clear()
+        self.due.clear()
+        self.worker.deferred.drop_channel(self.key)
+        for s in self.consumers:
+            s.in_flight = 0
+

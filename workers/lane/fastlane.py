@@ -1,0 +1,416 @@
+"""The forward lane: a worker's whole loop iteration for lone PUBs to topics other workers own, in compiled code.
+
+Theory of operation
+-------------------
+A round-trip producer whose topic another worker owns costs its worker one loop iteration per message: wake on
+the pump's epoll fd, read (compiled, ``workers/lane/pump.py``), then Python's idle step publishes the staged message
+into the owner's ring, wakes the owner if it sleeps, sends the OK (compiled) and checks every other input before
+it sleeps again. The compiled parts are cheap; the Python around them is most of the worker's CPU per message,
+and at one message per iteration it sets the round trip (ARCHITECTURE.md, "Single PUB: cost model").
+
+So, when the loop is about to block (its idle step found nothing to do and armed its wake-up flag), it calls
+``FastLane.poll`` instead of epoll's poll. ``serve`` (compiled) waits on the loop's own epoll set and, as long
+as the only thing ready is the pump and what the pump reads is whole PUBs, MPUBs of one message (which NSQ's
+bench_writer sends for --batch-size=1) or a batch producer's MPUBs (below) for one topic owned by another
+worker, does the iteration itself:
+read, pack the staged bodies into one FORWARD record straight into the owner's ring (``workers/publishing/records.py``'s
+layout), wake the owner if its flag says it sleeps (``ipc/wake.py``), count the forward in ``OwnerNaps``, and
+send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It returns to Python with:
+
+* R_EVENTS: something else is ready (a ring's eventfd, the hand-over channel, a signal, a second ready fd): the
+  events, as epoll's poll would have returned them;
+* R_READ: the pump's read found something the lane does not do (data for a session's parser, a closed socket, a PUB
+  to a topic this worker owns that is not armed or that the kernel gave up on, PUBs to several topics, an MPUB of
+  2 to BATCH - 1 messages, a full ring, a topic its owner marked full, a forward too big for the ring):
+  ``Pump.after_read`` takes it, exactly as after the loop's own read, and the idle step commits what was staged;
+* R_SETTLED: a forward was committed but an OK needs Python (queued output, a partial send), or a tally or a
+  producer move does (``Pump.settled``);
+* R_OWN: what the pump read was PUBs or MPUBs (at most ``ownpath.MAX_N`` messages in all) to the topic of this
+  worker that ``OwnPath`` armed before the call (and maybe data for Python from other sessions): ``own_publish``
+  appended them and delivered them to the armed consumers, then their OKs went out; Python's share follows
+  (``OwnPath.done``, then ``Pump.settled`` if needed; ``workers/lane/ownpath.py``), then ``Pump.after_read`` takes the
+  data. If that left the worker nothing for the loop's idle step (``quiet()``: no channel to deliver, no output
+  queued, nothing staged, parked or to sync, no timer due) ``FastLane.poll`` arms the own path again and calls the
+  lane again itself, for up to SLICE: a round-trip producer's next PUB (and its consumer's FIN) then cost no pass
+  of the loop, which was most of the owner's CPU per round trip (by hand, perf);
+* R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
+  first forward or FIN (the idle step's periodic duties get a turn), or it took MAX_FINS FINs, or epoll was
+  interrupted.
+
+A read that is one whole FIN from a consumer of the armed own topic (``ownpath.own_fin``) is taken in the lane:
+the message is freed, and the lane waits on (alone) or publishes the PUBs beside it with the RDY it freed. Python
+applies its share (``OwnPath.fins_done``) as soon as the lane returns, whatever it returns, before anything else.
+
+Why this is safe: the lane only runs while the worker's wake-up flag is armed, and it stays armed (nothing in the
+lane disarms it), so any process committing to one of this worker's rings writes its eventfd, which ends the
+lane (R_EVENTS). A forward never overtakes a parked one: the lane is not used while any publish is parked. A
+claim that fails leaves the ring as a failed ``Ring.write`` would (its WANT/OUTGROWN words then make Python's
+own attempt reserve pages), and the staged messages are still in the pump for Python's commit.
+
+Batches take the lane when they are a batch producer's, an MPUB of BATCH messages or more: such a producer
+(NSQ's bench_writer sends MPUBs of 200) waits for each OK, and without the lane each MPUB cost the forwarding
+worker a whole pass of the Python loop (ARCHITECTURE.md, "Single PUB: cost model", on batch producers). A
+smaller MPUB is usually a paced producer's, sending whatever fell due (the latency tool): answered at once,
+it sends the next one sooner and smaller, each one more ring record and wake-up for the owner, and at 100k
+msgs/s p99 latency leaned worse in the runs that tried it. The own path takes small MPUBs too: a paced
+producer (the latency tool at 10k msgs/s, an app that sends whatever fell due) often sends MPUBs of two or
+three, and there each one is also its consumers' delivery, which the Python commit path would otherwise do.
+
+The worker skips the lane for SKIP_AFTER_MISS loop iterations after MISSES_BEFORE_SKIP calls in a row that
+neither forwarded nor published (a worker that only serves consumers, or an owner woken by its rings): each call
+costs a few microseconds of argument unboxing, which only pays when forwards or own PUBs follow. (An owner's own
+PUBs alternate with its consumers' FINs, so one miss alone must not turn the lane off.)
+"""
+import math
+import time
+import zlib
+
+import numpy as np
+from numba import njit
+
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc import sysio as S
+from nsqpy.ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
+from nsqpy.ipc.wake import wake_check
+from nsqpy.workers.connections.handover import owner_nap
+from nsqpy.workers.lane.ownpath import MAX_FINS, OW_ARMED, OW_FINS, OW_T, WORDS, idle_args, own_fin, own_publish
+from nsqpy.workers.lane.pump import MAX_EVENTS, ST_LEN, ST_N, ST_OFF, ST_TOPIC, _read, _settle_and_send
+from nsqpy.workers.publishing.records import FORWARD, FWD_HEAD, pack_bodies
+
+R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN = range(5)
+RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS = range(7)
+SLICE = 0.005        # seconds a busy lane runs before it lets the idle step run
+SKIP_AFTER_MISS = 32  # loop iterations without the lane after MISSES_BEFORE_SKIP calls that did nothing
+MISSES_BEFORE_SKIP = 4  # in a row: neither forwarded nor published (an owner's own PUBs alternate with FINs)
+BATCH = 64           # an MPUB of at least this many messages takes the lane (a batch producer's)
+FWD_HEAD_SIZE = FWD_HEAD.size
+EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # struct epoll_event (packed)
+
+
+@njit(inline="always", **JIT_CALLEE)
+def _put_le64(data, at, v):
+    for k in range(8):
+        data[at + k] = (v >> (8 * k)) & 0xFF
+
+
+@njit(inline="always", **JIT_CALLEE)
+def _sliced(stop_at, now, slice_s):
+    """The lane's stop time once its first forward or FIN is done: at most SLICE from now (R_TIMEOUT)."""
+    return now + slice_s if stop_at < 0 or now + slice_s < stop_at else stop_at
+
+
+@njit(**JIT_CALLEE)
+def _lane_commands(st, n):
+    """Whether each of the n staged messages came alone in its command (a PUB, or an MPUB of one) or in an MPUB of
+    at least BATCH messages (a batch producer's); a smaller MPUB is a paced producer's (module docstring)."""
+    for i in range(n):
+        if st[ST_N, i] != 1 and st[ST_N, i] < BATCH:
+            return False
+    return True
+
+
+@njit(**JIT_CALLEE)
+def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
+                   timestamp_ns, large):
+    """Write the n staged messages (all of topic t) as one FORWARD record into the ring to ``owner`` (the same
+    payload as ``records.pack_forward``) and commit it; False (nothing written) when it is bigger than ``large``
+    or the ring has no room now."""
+    name_len = name_lens[t]
+    size = FWD_HEAD_SIZE + name_len + 8 * n
+    for i in range(n):
+        size += st[ST_LEN, i]
+    if size > large:
+        return False
+    a = ctl_at[owner]
+    ctl = seg_words[a:a + CONTROL_WORDS]
+    d = data_at[owner]
+    data = seg_bytes[d:d + capacity[owner]]
+    at = ring_claim(ctl, data, size, np.int64(FORWARD))  # typed: no Literal copy of ring_claim
+    if at < 0:
+        return False
+    _put_le64(data, at, n)
+    _put_le64(data, at + 8, timestamp_ns)
+    _put_le64(data, at + 16, 0)  # defer ms
+    _put_le64(data, at + 24, name_len)
+    p = at + FWD_HEAD_SIZE
+    for i in range(name_len):  # not a slice assignment: see records.pack_bodies
+        data[p + i] = names[t, i]
+    pack_bodies(buf, st[ST_OFF, :n], st[ST_LEN, :n], data, p + name_len)
+    ring_commit(ctl)
+    return True
+
+
+@njit(**JIT)
+def serve(main_ep, events, until, slice_s, me, large, res,
+          pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts,
+          topic_owner, full_at, full_val, control_words, seg_words, seg_bytes, ctl_at, data_at, capacity,
+          wake_flags, eventfds, naps,
+          failed, busy, tally, tally_topic, frame, sent, sw, mode, rates, streak, streak_owner, streak_t0, moved_in,
+          movers, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
+    """The lane (module docstring): wait on ``main_ep`` until ``until`` (time.monotonic(); < 0: no limit) and
+    forward lone PUBs until something needs Python. ``res`` receives the outcome (RES_* words). ``own`` and the
+    arrays after it are the armed own topic's (``workers/lane/ownpath.py``)."""
+    res[:] = 0
+    stop_at = until
+    forwards = 0
+    while True:
+        ms = -1
+        if stop_at >= 0:
+            left = stop_at - S.monotonic()
+            ms = 0 if left <= 0 else int(math.ceil(left * 1000.0))
+        n = S.epoll_wait(main_ep, events.ctypes.data, MAX_EVENTS, ms)
+        if n <= 0:  # timed out, or interrupted (a signal: its wake-up fd is in the set, Python sees it next)
+            res[RES_CODE] = R_TIMEOUT
+            break
+        if n > 1 or S.event_data(events, 0) != pump_ep:
+            res[RES_CODE] = R_EVENTS
+            res[RES_EVENTS] = n
+            break
+        _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
+              counts)
+        staged = counts[0]
+        # a consumer's FIN on the armed topic, alone or beside its PUBs (first: the RDY it frees takes them)
+        if own[OW_ARMED] != 0 and own_fin(counts, out, buf, own, table_ctl, table_slots, table_index) and \
+                staged == 0:
+            if own[OW_FINS] >= MAX_FINS:
+                res[RES_CODE] = R_TIMEOUT  # Python's share of them is due
+                break
+            if own[OW_FINS] == 1:
+                stop_at = _sliced(stop_at, S.monotonic(), slice_s)
+            continue
+        if staged == 0 or counts[2]:
+            res[RES_CODE] = R_READ
+            break
+        t = st[ST_TOPIC, 0]
+        owner = topic_owner[t]
+        # the armed own topic's PUBs and small MPUBs go now even beside data for Python (a consumer's FIN in the
+        # same read); a forward only when nothing in the read is for Python and no MPUB is a small batch
+        mine = owner == me and own[OW_ARMED] != 0 and t == own[OW_T] and own_publish(
+            st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords)
+        if not mine:
+            if counts[1] or owner == me or not _lane_commands(st, staged) or \
+                    control_words[full_at[t]] == full_val[t] or not forward_staged(
+                        st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity,
+                        owner, S.realtime_ns(), large):
+                res[RES_CODE] = R_READ
+                break
+            woke = 0
+            if wake_check(wake_flags, owner):
+                S.eventfd_signal(eventfds[owner])
+                woke = 1
+            owner_nap(naps, owner, woke)
+            forwards += 1
+        counts[0] = 0  # published here or committed to the ring: nothing left staged for Python (data may be)
+        now = S.monotonic()
+        k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame, sent[:staged],
+                                           sw, me, mode, rates, now, topic_owner, streak, streak_owner,
+                                           streak_t0, moved_in, movers)
+        if mine or k or attention or m:
+            res[RES_CODE] = R_OWN if mine else R_SETTLED
+            res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
+            break
+        if forwards == 1:
+            stop_at = _sliced(stop_at, now, slice_s)
+    res[RES_FORWARDS] = forwards
+
+
+class FastLane:
+    """The lane of one worker: ``poll(timeout)`` stands in for the loop's epoll poll (``Loop.fast_poll``).
+
+    ``rings`` maps each other worker to the ``nsqpy.ipc.ring.Ring`` of this worker's forwards to it, all in ``buf``;
+    ``wakeups`` is the ``nsqpy.ipc.wake.Wakeups`` of the workers (eventfds by worker index); ``control`` the control
+    block (``full_word``: a topic its owner marked full); ``naps`` the worker's ``OwnerNaps``. ``usable()`` says
+    whether the lane may run now (no parked publish); ``move(session, worker)`` is the worker's producer move."""
+
+    def __init__(self, pump, main_ep, buf, rings, wakeups, control, naps, large_forward, usable, move, own=None,
+                 quiet=None):
+        self.pump = pump
+        self.main_ep = main_ep
+        self.poll_plain = main_ep.poll
+        self.events = S.events_buffer(MAX_EVENTS)
+        self.seg_words = np.frombuffer(buf, np.int64, len(buf) // 8)
+        self.seg_bytes = np.frombuffer(buf, np.uint8)
+        base = self.seg_bytes.ctypes.data
+        workers = len(wakeups.fds)
+        self.ctl_at = np.zeros(workers, np.int64)
+        self.data_at = np.zeros(workers, np.int64)
+        self.capacity = np.zeros(workers, np.int64)
+        for j, ring in rings.items():
+            self.ctl_at[j] = (ring.ctl.ctypes.data - base) // 8
+            self.data_at[j] = ring.data.ctypes.data - base
+            self.capacity[j] = ring.capacity
+        self.wake_flags = wakeups.flags
+        self.eventfds = np.array(wakeups.fds, np.int64)
+        self.control = control
+        self.control_words = control.w
+        self.naps = naps.naps
+        self.large = int(large_forward)
+        self.usable = usable
+        self.move = move
+        self.full_at = np.zeros(len(pump.names), np.int64)
+        self.full_val = np.full(len(pump.names), -1, np.int64)
+        self.known = 0        # topics of the pump whose full words are filled in
+        self.skip = 0
+        self.res = np.zeros(RES_FORWARDS + 1, np.int64)
+        self.forwards = 0     # forwards the lane committed (statistics, tests)
+        self.own = own        # the owner's own lone PUBs (workers/lane/ownpath.py OwnPath), or None
+        self._no_own = idle_args(np.zeros(WORDS, np.int64))
+        self.misses = 0       # calls in a row that neither forwarded nor published
+        self.quiet = quiet    # () -> None when the loop's idle step has work, else its next wait's timeout (``poll``)
+        self.again = 0        # own publishes the lane went on after without the loop (statistics, tests)
+
+    def _learn(self):
+        p = self.pump
+        for t in range(self.known, len(p.topics)):
+            name = p.topics[t].encode()
+            self.full_at[t], self.full_val[t] = self.control.full_word(int(p.topic_owner[t]), zlib.crc32(name))
+        self.known = len(p.topics)
+
+    def poll(self, timeout):
+        """epoll's poll(timeout) for the loop, doing lone forwards on the way (module docstring). After the own
+        path's publish, while ``quiet()`` says the loop's idle step would find nothing to do, the lane goes on
+        (armed again) instead of returning, for up to SLICE; its wait then ends at the loop's next timer as
+        ``quiet()`` gives it (the publish's Python share may have added one)."""
+        if self.skip:
+            self.skip -= 1
+            return self.poll_plain(timeout)
+        if not self.usable():
+            return self.poll_plain(timeout)
+        until = -1.0 if timeout < 0 else time.monotonic() + timeout
+        stop_at = None
+        while True:
+            events = self._serve(until)
+            if events is not None:
+                return events
+            now = time.monotonic()
+            if stop_at is None:
+                stop_at = now + SLICE
+            timeout = self.quiet() if now < stop_at and self.usable() else None
+            if timeout is None or timeout == 0:
+                return []
+            until = -1.0 if timeout < 0 else now + timeout
+            self.again += 1
+
+    def _serve(self, until):
+        """One call of the lane and Python's share of what it did: -> the events for the loop, or None after an
+        own publish that Python settled whole here (the lane may go on, ``poll``)."""
+        p = self.pump
+        if self.known != len(p.topics):
+            self._learn()
+        res = self.res
+        own = self._no_own if self.own is None else self.own.arm()
+        serve(self.main_ep.fileno(), self.events, until, SLICE,
+              p.me, self.large, res,
+              p.epfd, p.events, p.buf, p.max_msg, p.max_body, p.clean, p.last_read, p.gen, p.names, p.name_lens,
+              p.table, p.st, p.out, p.counts,
+              p.topic_owner, self.full_at, self.full_val, self.control_words, self.seg_words, self.seg_bytes,
+              self.ctl_at, self.data_at, self.capacity, self.wake_flags, self.eventfds, self.naps,
+              p.failed, p.busy, p.tally, p.tally_topic, p.ok_frame, p.sent, p.sw, p.mode, p.rates, p.streak,
+              p.streak_owner, p.streak_t0, p.moved_in, p.movers, *own)
+        code, forwards = int(res[RES_CODE]), int(res[RES_FORWARDS])
+        self.forwards += forwards
+        fins = self.own is not None and self.own.words[OW_FINS] > 0
+        if fins:
+            self.own.fins_done()  # before the publish's share below (ownpath.OwnPath.fins_done)
+        if forwards or fins or code == R_OWN:
+            self.misses = 0
+        else:
+            self.misses += 1
+            if self.misses >= MISSES_BEFORE_SKIP:
+                self.misses = 0
+                self.skip = SKIP_AFTER_MISS
+        if code == R_EVENTS:
+            ev = self.events[:int(res[RES_EVENTS]) * EVENT_DTYPE.itemsize].view(EVENT_DTYPE)
+            return list(zip(ev["fd"].tolist(), ev["events"].tolist()))
+        if code == R_READ:
+            p.after_read()
+        elif code == R_OWN:
+            staged = int(res[RES_STAGED])
+            p.staged = 0
+            self.own.done(staged)
+            k, attention, m = int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS])
+            if k or attention or m:
+                p.settled(staged, k, attention, m, {}, self.move)
+            p.after_read()  # the same read's data and closed sockets, if any (a FIN usually)
+            if self.quiet is not None and not (k or attention or m):
+                return None
+        elif code == R_SETTLED:
+            p.settled(int(res[RES_STAGED]), int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS]),
+                      {}, self.move)
+        return []
+
+
+class LaneRig:
+    """A lane over throwaway memory: one pump, a ring from worker 0 to worker 1 and the two workers' wake-up
+    flags and eventfds, in buffers of the same types the broker's shared memory gives. The warm-up compiles the
+    lane with it; the unit tests drive it. ``owner_full(crc)`` marks a topic of worker 1 full."""
+
+    FULL_AT = 64  # the control words' full-topic slot (one is enough here)
+
+    def __init__(self, capacity=1 << 12, max_msg=1 << 20, large=1 << 20, own=None):
+        import select
+        from nsqpy.ipc.ring import Ring
+        from nsqpy.ipc.wake import Wakeups, make_eventfd
+        from nsqpy.workers.connections.handover import OwnerNaps
+        from nsqpy.workers.lane.pump import Pump
+        self.eventfds = [make_eventfd(), make_eventfd()]
+        self.buf = bytearray(Ring.size_for(capacity) + Wakeups.size_for(2))
+        self.ring = Ring.create(self.buf, 0, capacity)
+        self.wakeups = Wakeups.create(self.buf, Ring.size_for(capacity), self.eventfds)
+        self.w = np.zeros(self.FULL_AT + 1, np.int64)
+        self.ep = select.epoll()
+        self.pump = Pump(max_msg)
+        self.ep.register(self.pump.epfd, select.EPOLLIN)
+        self.naps = OwnerNaps(2)
+        self.moves = []
+        self.parked = False
+        self.lane = FastLane(self.pump, self.ep, self.buf, {1: self.ring}, self.wakeups, self, self.naps, large,
+                             lambda: not self.parked, lambda s, w: self.moves.append((s, w)), own)
+
+    def full_word(self, w, crc):
+        return self.FULL_AT, (1 << 40) | crc
+
+    def owner_full(self, crc):
+        self.w[self.FULL_AT] = (1 << 40) | crc
+
+    def close(self):
+        import os
+        self.pump.close()
+        self.ep.close()
+        for fd in self.eventfds:
+            os.close(fd)
+
+
+def warm_up():
+    """Compile (or load) the lane with the broker's argument types: a forward, a publish it leaves to Python, a
+    foreign event and a timeout."""
+    import socket
+    from nsqpy.protocol import client as enc
+
+    from nsqpy.workers.lane.pump import PumpPeer as Peer
+
+    rig = LaneRig()
+    here, there = socket.socketpair()
+    other_r, other_w = socket.socketpair()
+    try:
+        here.setblocking(False)
+        peer = Peer(here.fileno())
+        rig.pump.add(peer, time.monotonic())
+        rig.pump.clean[peer.fd] = 1
+        rig.pump.learn_topic("theirs", 1)
+        rig.pump.learn_topic("ours", 0)
+        rig.wakeups.prepare_sleep(1, lambda: False)  # the owner sleeps: the forward wakes it
+        there.sendall(enc.pub("theirs", b"x"))
+        rig.lane.poll(0.001)  # forwards, then times out
+        there.sendall(enc.pub("ours", b"y"))
+        rig.lane.poll(1.0)    # R_READ: left staged for the worker's commit
+        rig.pump.staged = 0
+        rig.lane.skip = 0
+        rig.ep.register(other_r.fileno(), 1)
+        other_w.send(b"x")
+        rig.lane.poll(1.0)    # R_EVENTS
+        rig.pump.remove(peer)
+    finally:
+        rig.close()
+        for s in (here, there, other_r, other_w):
+            s.close()

@@ -1,0 +1,122 @@
+"""Numba kernels of the worker that read its in-flight table in bulk (the table's own kernels are per slot), and
+``deliver_round``, a whole delivery round in one call.
+
+They read the slot words directly, with the layout constants of ``nsqpy.ipc.inflight``; the worker is the table's only
+writer and these run in the worker, so plain loads are enough.
+"""
+import numpy as np
+from numba import njit
+
+from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.inflight import (C_N_LIVE, DEFERRED, F_ATTEMPTS, FREE, HALF_WORDS, REQUEUED, S_CHANNEL, S_HALF0,
+                          S_LOG_POS, S_TAG, SLOT_WORDS, inflight_start_batch)
+from nsqpy.ipc.msglog_kernels import advance, read_channel, write_frames
+from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
+from nsqpy.ipc import sysio as S
+from nsqpy.workers.storage.poison import COUNT, DELIVERY, KEY, KIND, POS, TOPIC
+
+GENERAL = -1   # deliver_round did nothing: the round needs the general path (Channel._deliver_to)
+
+
+@njit(nogil=True, **JIT)
+def low_water(slots, out):
+    """out[channel key] = the lowest log position a live slot of that channel holds (out preset to 'none').
+    Channel keys are unique within a worker, so one pass serves every topic."""
+    for s in range(slots.shape[0] // SLOT_WORDS):
+        b = s * SLOT_WORDS
+        if slots[b + S_TAG] & 3 != FREE:
+            key = slots[b + S_CHANNEL]
+            if 0 <= key < out.shape[0] and slots[b + S_LOG_POS] < out[key]:
+                out[key] = slots[b + S_LOG_POS]
+
+
+@njit(nogil=True, **JIT)
+def slots_of_channel(slots, key, out):
+    """Live slots of channel `key` into out; -> how many (may exceed out's length)."""
+    n = 0
+    for s in range(slots.shape[0] // SLOT_WORDS):
+        b = s * SLOT_WORDS
+        if slots[b + S_TAG] & 3 != FREE and slots[b + S_CHANNEL] == key:
+            if n < out.shape[0]:
+                out[n] = s
+            n += 1
+    return n
+
+
+@njit(nogil=True, **JIT)
+def slot_fields(slots, which, out_gen, out_pos, out_attempts):
+    """Generation, log position and attempts of the given slots."""
+    for i in range(which.shape[0]):
+        b = which[i] * SLOT_WORDS
+        tag = slots[b + S_TAG]
+        out_gen[i] = tag >> 3
+        out_pos[i] = slots[b + S_LOG_POS]
+        out_attempts[i] = slots[b + S_HALF0 + ((tag >> 2) & 1) * HALF_WORDS + F_ATTEMPTS]
+
+
+@njit(nogil=True, **JIT)
+def waiting_positions(slots, which, out_pos):
+    """Log position of each given slot that is REQUEUED or DEFERRED (waiting to be delivered again), else -1
+    (a slot that changed state since it was queued: redelivering it will fail, and its position may be gone)."""
+    for i in range(which.shape[0]):
+        b = which[i] * SLOT_WORDS
+        state = slots[b + S_TAG] & 3
+        out_pos[i] = slots[b + S_LOG_POS] if state == REQUEUED or state == DEFERRED else -1
+
+
+def generations(table, which):
+    n = len(which)
+    gen, pos, att = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
+    slot_fields(table.slots, which, gen, pos, att)
+    return gen, pos, att
+
+
+@njit(nogil=True, **JIT)
+def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, table_ctl, table_slots, table_index,
+                  topic, key, conn, pos, lens, flags, ts, ids, nb, att, slots, out, words, wbase, fd):
+    """One delivery round from channel ch's cursor in one call: the log read (``read_channel``, at most
+    ``budget`` records and ``max_bytes`` of frames), their in-flight slots for ``conn`` (deadline ``deadline``)
+    into ``slots``, the cursor moved past them, the suspect words naming the round while it is framed into
+    ``out``, then, with ``fd`` >= 0 (the consumer's socket, nothing queued for it), as much of the frames sent
+    as the socket takes. -> (records delivered, end of their frames in out, bytes of them sent); (0, 0, 0) when
+    there was nothing to read. A send that fails counts as none sent: the caller queues the frames, and the
+    session's flush meets the error.
+
+    It does all of it or nothing: (GENERAL, 0, 0) when a record read is deferred (its not-before lies after
+    ``now``), the table has fewer free slots than records read (the general path grows it or stops the cursor
+    at the first without one), or the frames do not fit ``out``, and (NO_CHANNEL, 0, 0) for a channel not open.
+    The general path then reads again and takes the case. A record whose message already has a slot (re-read
+    after a crash) is passed over, as the general path does. ``att`` receives each delivered record's attempts
+    (stored + 1) next to its position in ``pos``."""
+    # read_channel keeps the frames within the byte budget, but for a lone record bigger than it: only that one
+    # can outgrow out
+    n, nxt, latest = read_channel(ctrl, data64, ch, budget, min(max_bytes, out.shape[0]), pos, lens, flags, ts,
+                                  ids, nb, att)
+    if n <= 0:
+        return n, 0, 0
+    if latest > now or table_slots.shape[0] // SLOT_WORDS - table_ctl[C_N_LIVE] < n or \
+            FRAME_OVERHEAD + lens[0] > out.shape[0]:
+        return GENERAL, 0, 0
+    for i in range(n):
+        att[i] += 1
+    started = inflight_start_batch(table_ctl, table_slots, table_index, topic, key, conn, now, deadline, ids[:n],
+                                   pos[:n], att[:n], slots[:n])
+    if started != n:  # duplicates: deliver those that got a slot
+        k = 0
+        for i in range(n):
+            if slots[i] >= 0:
+                pos[k], att[k], slots[k] = pos[i], att[i], slots[i]
+                k += 1
+        n = k
+    advance(ctrl, data64, ch, nxt)  # before framing: a worker that dies framing finds the messages in their slots
+    if n == 0:
+        return 0, 0, 0
+    words[wbase + TOPIC], words[wbase + KEY], words[wbase + POS], words[wbase + COUNT] = topic, key, pos[0], n
+    words[wbase + KIND] = DELIVERY
+    start = np.int64(0)
+    end = write_frames(ctrl, data, data64, pos, att, n, out, start)
+    words[wbase + KIND] = 0
+    sent = start
+    if fd >= 0:
+        sent = max(S.send_from(fd, out, start, end), start)
+    return n, end, sent

@@ -1,0 +1,308 @@
+"""The owner's lone PUBs in the lane: a PUB (or a small MPUB) to a topic of this worker appended, delivered and
+answered in one call.
+
+Theory of operation
+-------------------
+A round-trip producer on its topic's owner (where auto placement moves slow producers) cost the owner a whole
+loop iteration in Python per message: wake, read, the idle step's commit, ``Topic.append``, a delivery pass
+whose round is compiled, the flush and the OK. On a worker that sleeps between messages every one of those steps
+runs with cold caches, and together they were most of the time from a PUB's arrival to its message's send
+(ARCHITECTURE.md, "Single PUB: cost model").
+
+So, before the loop blocks in the forward lane (``workers/lane/fastlane.py``), ``OwnPath.arm`` prepares the one
+topic most likely to be published next (the last one whose lone PUB the Python path published here) in
+``words``: its ID generator's state and, for each of its channels with a consumer that can take a message now,
+a row (log slot, channel key, the consumer's connection, socket, free RDY and message timeout). When the lane's
+read is PUBs or MPUBs to that topic only (at most MAX_N messages in all: a paced producer's MPUBs of two or three
+are common), ``own_publish`` (compiled, in the lane) appends them to the topic's log, runs each row's delivery
+round (``kernels.deliver_round``: in-flight slots, cursor, frames, their send), and the lane sends the OKs (one
+per command) after the messages, as the Python path does. Python's share comes after the sends, in
+``done``: counters, the rounds' timers, the rest of a frame the socket did not take, and a delivery pass for
+every channel a row did not cover.
+
+Arming is all or nothing, and Python decides it with everything in view, at the one moment nothing else runs:
+the loop is about to block, so nothing changes between ``arm`` and the lane's read. A topic is not armed (the
+Python path takes it, as before) when any of these holds: it is durable (``--mem-queue-size=0``: its OKs wait
+for ``--sync-every``), marked full, deleted, or storage is failing; a channel with consumers has anything waiting
+(messages ahead of its cursor, requeued or due ones) or is in careful rounds (``workers/storage/poison.py``); the
+consumer whose turn it is samples, has output queued or is closing; there are more than MAX_ROWS such channels;
+compiled rounds are off (``--crash-on-body``); publishes forwarded by other workers wait in our rings. The
+kernel gives up without writing anything (the Python path then publishes the same staged messages) when more
+than MAX_N are staged or the log needs a new segment (its budgets are Python's). A channel whose round it could
+not finish (a round ``deliver_round`` leaves to the general path, or fewer free RDY than messages) gets the
+usual delivery pass from Python, and so does every channel after a row whose frames the socket did not all
+take (the round buffer holds those until Python queues them; that consumer's socket is marked busy first, so
+that no OK can overtake them).
+
+A round-trip consumer's FIN comes between its producer's PUBs, and cost the owner a second trip through Python
+per message (its read, ``Channel.finish_one``, the idle step, arming again). So a row also names the consumer
+whose turn it is when none has free RDY (its free RDY, 0 or less, kept in the row), and, when that consumer's
+session could hand a FIN straight to its channel (``_takes_fins``: subscribed, parser idle, not held or closing,
+TLS not pending, no end-to-end latency window), a read that is exactly one ``FIN <id>\\n`` from it is the lane's
+(``own_fin``): the in-flight table frees the message (a FIN that fails is left to Python, which answers it), the
+row gains the RDY, and (row, slot) waits in ``words`` for ``fins_done``, which the lane's caller runs first
+whatever the lane returned: the round's timer, the session's counts, the channel's pass or change mark. Its
+timers leave before ``done`` starts the next round's, since that round may reuse the freed slot.
+"""
+import numpy as np
+from numba import njit
+
+from nsqpy.ipc.numba_cache import JIT_CALLEE
+from nsqpy.ipc import sysio as S
+from nsqpy.ipc.inflight import inflight_finish_batch
+from nsqpy.ipc.msglog_kernels import append_batch
+from nsqpy.protocol.kernels import hex_value, snowflake_fill
+from nsqpy.protocol.states import STATE_SUBSCRIBED
+from nsqpy.workers.domain.channel import MAX_ROUND_BYTES, ROUND
+from nsqpy.workers.lane.kernels import deliver_round
+from nsqpy.workers.lane.pump import DATA, ST_LEN, ST_OFF
+from nsqpy.workers.domain.session import FIN_LINE  # the one form of FIN the lane takes, as Session.on_data
+
+MAX_ROWS = 4     # channels one armed topic may deliver to in the kernel
+MAX_N = 16       # messages (PUBs, MPUBs) one read may stage for the kernel to take
+MAX_FINS = 64    # FINs the lane may take before Python applies them
+OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE, OW_FINS = range(9)
+HEAD = 9
+# a row: its channel and consumer; RW_FREE is the consumer's free RDY (rdy - in flight: 0 or less for a row armed
+# for FINs only), RW_FINS whether the lane may take its FINs
+RW_CH, RW_KEY, RW_CONN, RW_FD, RW_FREE, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE, RW_FINS = range(11)
+ROW = 11
+_ROWS_AT = HEAD
+A_TS = _ROWS_AT + MAX_ROWS * ROW                      # the append's timestamps, IDs and not-befores
+A_IDS, A_NB, A_POS = A_TS + MAX_N, A_TS + 2 * MAX_N, A_TS + 3 * MAX_N   # A_POS: an empty slice (no positions)
+READ_AT = A_TS + 3 * MAX_N                            # the rounds' read columns (7 of MAX_N), shared by the rows
+SLOTS_AT = READ_AT + 7 * MAX_N                        # each row's in-flight slots (MAX_N per row)
+FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N                  # the FINs the lane took: each one's row and freed slot
+FN_SLOT = FN_ROW + MAX_FINS
+FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2  # one FIN's
+WORDS = FN_FREED + 1
+
+
+@njit(**JIT_CALLEE)
+def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots, table_index, out, words):
+    """Append the n staged messages of lone PUBs and MPUBs (bodies in buf, rows of st as the pump staged them) to
+    the armed topic's log (ctrl, data, data64) and run each armed row's delivery round (module docstring). -> False,
+    having written nothing, when more than MAX_N are staged or the log needs a new segment."""
+    if n > MAX_N:
+        return False
+    now = S.realtime_ns()
+    ts, ids, nb = ow[A_TS:A_TS + n], ow[A_IDS:A_IDS + n], ow[A_NB:A_NB + n]
+    for i in range(n):
+        ts[i] = now
+        nb[i] = 0
+    tick, seq = snowflake_fill(ids.view(np.uint64), now >> 20, ow[OW_TICK], ow[OW_SEQ], ow[OW_NODE])
+    first = append_batch(ctrl, data, data64, buf, st[ST_OFF, :n], st[ST_LEN, :n], ts, ids, nb, np.int64(0), n,
+                         ow[A_POS:A_POS])
+    if first < 0:
+        return False
+    ow[OW_TICK] = tick
+    ow[OW_SEQ] = seq
+    rows = ow[OW_ROWS]
+    r = 0
+    while r < rows:
+        b = _ROWS_AT + r * ROW
+        budget = min(ow[b + RW_FREE], ROUND, n)
+        if budget <= 0:  # a row armed for its FINs only: no free RDY (yet)
+            ow[b + RW_GOT] = 0
+            r += 1
+            continue
+        deadline = now + ow[b + RW_TIMEOUT]
+        q = READ_AT
+        slots = ow[SLOTS_AT + r * MAX_N:SLOTS_AT + (r + 1) * MAX_N]
+        got, end, sent = deliver_round(ctrl, data, data64, ow[b + RW_CH], budget,
+                                       np.int64(MAX_ROUND_BYTES), now, deadline, table_ctl, table_slots,
+                                       table_index, ow[OW_TOPIC_INDEX], ow[b + RW_KEY], ow[b + RW_CONN],
+                                       ow[q:q + MAX_N], ow[q + MAX_N:q + 2 * MAX_N], ow[q + 2 * MAX_N:q + 3 * MAX_N],
+                                       ow[q + 3 * MAX_N:q + 4 * MAX_N], ow[q + 4 * MAX_N:q + 5 * MAX_N],
+                                       ow[q + 5 * MAX_N:q + 6 * MAX_N], ow[q + 6 * MAX_N:q + 7 * MAX_N], slots,
+                                       out, words, ow[OW_WBASE], ow[b + RW_FD])
+        ow[b + RW_GOT] = got
+        ow[b + RW_END] = end
+        ow[b + RW_SENT] = sent
+        ow[b + RW_DEADLINE] = deadline
+        r += 1
+        if got > 0 and sent < end:
+            busy[ow[b + RW_FD]] = 1  # the rest of its frames is queued by Python, before any OK to that socket
+            break
+    while r < rows:  # after a partial send the round buffer holds its frames: these rows are Python's
+        ow[_ROWS_AT + r * ROW + RW_GOT] = 0
+        r += 1
+    return True
+
+
+@njit(**JIT_CALLEE)
+def own_fin(counts, out, buf, ow, table_ctl, table_slots, table_index):
+    """A read that is one whole FIN (``FIN <16 lowercase hex digits>\\n``, nothing else) from the consumer of a row
+    that takes FINs: the message freed in the in-flight table, one more free RDY in the row, (row, slot) staged
+    for Python (``OwnPath.fins_done``), the read taken (``counts[1]`` 0). -> False, having changed nothing,
+    otherwise: a FIN that fails (not in flight, not this consumer's) is Python's, which answers it."""
+    if counts[1] != 1 or out[1, 0] != DATA or out[3, 0] != FIN_LINE or ow[OW_FINS] >= MAX_FINS:
+        return False
+    fd, at = out[0, 0], out[2, 0]
+    rows = ow[OW_ROWS]
+    r = 0
+    while r < rows and ow[_ROWS_AT + r * ROW + RW_FD] != fd:
+        r += 1
+    b = _ROWS_AT + r * ROW
+    if r == rows or ow[b + RW_FINS] == 0:
+        return False
+    if buf[at] != 70 or buf[at + 1] != 73 or buf[at + 2] != 78 or buf[at + 3] != 32 or buf[at + FIN_LINE - 1] != 10:
+        return False  # not "FIN ... \n"
+    v = np.uint64(0)
+    for k in range(16):
+        d = hex_value(buf[at + 4 + k])
+        if d < 0:
+            return False  # not an ID nsqd could have given (Python answers E_FIN_FAILED)
+        v = (v << np.uint64(4)) | np.uint64(d)
+    ids = ow[FN_ID:FN_ID + 1]
+    ids.view(np.uint64)[0] = v
+    if inflight_finish_batch(table_ctl, table_slots, table_index, ow[b + RW_KEY], ids, ow[b + RW_CONN],
+                             ow[FN_STATUS:FN_STATUS + 1], ow[FN_FREED:FN_FREED + 1]) != 1:
+        return False
+    k = ow[OW_FINS]
+    ow[FN_ROW + k] = r
+    ow[FN_SLOT + k] = ow[FN_FREED]
+    ow[OW_FINS] = k + 1
+    ow[b + RW_FREE] += 1
+    counts[1] = 0
+    return True
+
+
+def _takes_fins(ch, s):
+    """Whether the lane may take s's FINs on channel ch: what ``Session.on_data`` asks of a FIN it hands straight
+    to the channel, and no end-to-end latency window (its FINs record into it)."""
+    return ch.e2e is None and s.state == STATE_SUBSCRIBED and s.parser.idle and not s.held and \
+        not s.closing_after_flush and not s._tls_missing
+
+
+def idle_args(words):
+    """The lane's own arguments while nothing is armed: ``words`` (OW_ARMED 0) and stand-ins of the armed
+    arrays' types (so the lane has one compiled signature)."""
+    i64, u8 = np.zeros(8, np.int64), np.zeros(8, np.uint8)
+    return words, i64, u8, i64, i64, i64, i64, u8, i64
+
+
+class OwnPath:
+    """The Python side (module docstring). ``worker`` needs: ``topics`` (name -> Topic), ``pump``, ``inflight``,
+    ``round_buffer``, ``suspect``, ``direct_fd(session)``, ``send_frames(session, buffer, end, sent)``,
+    ``channel_changed(channel)``, ``pending`` (a set of channels), ``stats.changed``, ``storage_failing`` and
+    ``pub_pending`` (``any()``). ``hint(topic)`` names the topic to arm next (the worker's publish of a lone PUB
+    to a topic of its own calls it)."""
+
+    def __init__(self, worker):
+        self.worker = worker
+        self.words = np.zeros(WORDS, np.int64)
+        self.topic = None       # the hint
+        self.armed = None       # the topic armed for the lane's current call, and its rows' (channel, session)
+        self.rows = []
+        self.published = 0      # messages the kernel published (statistics, tests)
+        self.fins = 0           # FINs the lane took (statistics, tests)
+        self._idle = idle_args(self.words)
+
+    def hint(self, topic):
+        self.topic = topic
+
+    def arm(self):
+        """-> the lane's own arguments (``serve``'s ``own`` and the arrays after it): ``words``, the armed topic's
+        log (ctrl, data, data64), the in-flight table (ctl, slots, index), the round buffer and the suspect
+        words; or ``words`` and stand-ins when nothing is armed."""
+        ow = self.words
+        ow[OW_ARMED] = 0
+        self.armed = None
+        t = self.topic
+        if t is None:
+            return self._idle
+        rows = self._rows(t)
+        if rows is None:
+            return self._idle
+        w = self.worker
+        pump_id = w.pump.topic_ids.get(t.name)
+        if pump_id is None or w.pub_pending.any():
+            return self._idle
+        ow[OW_T] = pump_id
+        ow[OW_NODE], ow[OW_TICK], ow[OW_SEQ] = t.ids.node_id, t.ids.last_tick, t.ids.sequence
+        ow[OW_ROWS] = len(rows)
+        ow[OW_TOPIC_INDEX] = t.index
+        ow[OW_WBASE] = w.suspect.base
+        for r, (ch, s, free) in enumerate(rows):
+            b = _ROWS_AT + r * ROW
+            ow[b + RW_CH], ow[b + RW_KEY], ow[b + RW_CONN], ow[b + RW_FD] = ch.ch, ch.key, s.conn_id, s.fd
+            ow[b + RW_FREE], ow[b + RW_TIMEOUT] = free, s.settings.msg_timeout_ms * 1_000_000
+            ow[b + RW_FINS] = _takes_fins(ch, s)
+        ow[OW_FINS] = 0
+        ow[OW_ARMED] = 1
+        self.armed = t
+        self.rows = [(ch, s) for ch, s, _ in rows]
+        win, table = t.log.window, w.inflight
+        return ow, t.log.ctrl, win.data, win.data64, table.ctl, table.slots, table.index, w.round_buffer, w.suspect.w
+
+    def _rows(self, t):
+        """[(channel, consumer, free RDY)] to arm topic t with, or None when t may not be armed (module
+        docstring): a row per channel whose turn-taking consumer can take a message, then (up to MAX_ROWS in all)
+        one per channel where none can, for the FINs of the consumer whose turn it is (free RDY 0 or less)."""
+        w = self.worker
+        if t.deleted or t.durable or t.full or w.topics.get(t.name) is not t or w.storage_failing or \
+                w.round_buffer is None:
+            return None
+        rows, fins_only = [], []
+        for ch in t.channels.values():
+            if not ch.delivering():
+                continue  # nothing to deliver to now: the message waits in the log, as after Topic.append
+            if ch.has_messages() or w.suspect.careful_rounds(ch.key):
+                return None
+            n = len(ch.consumers)
+            start = ch.turn()
+            for i in range(n):
+                s = ch.consumers[(start + i) % n]
+                free = s.rdy - s.in_flight
+                if free <= 0 or not s.ready_for_more():
+                    continue
+                if s.settings.sample_rate > 0 or w.direct_fd(s) < 0:
+                    return None
+                rows.append((ch, s, free))
+                break
+            else:
+                # no consumer can take a message now: the one whose turn it is, for its FINs (each frees RDY)
+                s = ch.consumers[start]
+                if _takes_fins(ch, s) and s.settings.sample_rate == 0 and w.direct_fd(s) >= 0:
+                    fins_only.append((ch, s, s.rdy - s.in_flight))
+        if len(rows) > MAX_ROWS:
+            return None
+        return rows + fins_only[:MAX_ROWS - len(rows)]
+
+    def fins_done(self):
+        """Python's share of the FINs the lane took (``own_fin``), before anything else looks at the sessions:
+        what ``Channel.finish_one`` does after the release (``Channel.finished_one``). Their timers leave first:
+        a freed slot may be in the round the lane's publish just delivered."""
+        ow = self.words
+        k = int(ow[OW_FINS])
+        if not k:
+            return
+        ow[OW_FINS] = 0
+        for r, slot in zip(ow[FN_ROW:FN_ROW + k].tolist(), ow[FN_SLOT:FN_SLOT + k].tolist()):
+            ch, s = self.rows[r]
+            ch.finished_one(s, slot)
+        self.fins += k
+
+    def done(self, n):
+        """The lane's kernel published the n staged messages to the armed topic: Python's share (module
+        docstring). The pump's OKs are settled after this."""
+        t, ow, w = self.armed, self.words, self.worker
+        self.armed = None
+        self.published += n
+        t.ids.last_tick, t.ids.sequence = int(ow[OW_TICK]), int(ow[OW_SEQ])
+        t.count_appended(n, w.pump.st[ST_LEN, :n])  # (it asks a delivery pass of each channel: see below)
+        for r, (ch, s) in enumerate(self.rows):
+            b = _ROWS_AT + r * ROW
+            got = int(ow[b + RW_GOT])
+            if got <= 0:
+                continue
+            ch.served(s)
+            w.send_frames(s, w.round_buffer, int(ow[b + RW_END]), int(ow[b + RW_SENT]))
+            ch._started(s, ow[SLOTS_AT + r * MAX_N:SLOTS_AT + r * MAX_N + got], int(ow[b + RW_DEADLINE]))
+            # its round took them all: what a delivery pass would mark, without the pass (pending held nothing
+            # before: the lane runs only when the loop's idle step left no channel pending)
+            if got == n:
+                w.pending.discard(ch)
+                w.channel_changed(ch)
+        self.rows = []

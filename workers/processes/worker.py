@@ -1,0 +1,433 @@
+"""A worker process: serves the V2 sessions handed to it and owns the topics that hash to it.
+
+Theory of operation (see ARCHITECTURE.md for the whole broker):
+* Connections arrive on the worker's hand-over channel (from the acceptor, or from another worker), see
+  ``workers/connections/handover.py``; the pump (``workers/lane/pump.py``) reads them all.
+* PUB/MPUB/DPUB for a topic this worker owns are appended to the topic's log; for any other topic they are
+  written into the ring towards the owner, and either way ``OK`` goes out only once the messages are committed in
+  shared memory. Lone PUBs are published by the pump in one batch per topic and iteration. A ring without room is
+  back-pressure: the publish is parked (``Parked``) with its sessions held (they read nothing more) and committed
+  from the idle hook once the owner has drained some records and woken us (ring word WANT_ROOM); only a topic the
+  owner marked full, or a ring it stopped draining for want of storage (STALLED), fails it.
+* SUB for a topic owned elsewhere hands the connection over to the owner (``migrate``); otherwise the session
+  joins the channel here, so a channel's consumers, in-flight slots and cursor all live in one process. Round-trip
+  producers follow their topics to the owner too (``move_producer``).
+* Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries), commit
+  the pump's lone PUBs, deliver to channels that have both messages and ready consumers, then flush every session
+  that has output. Sessions given messages flush first, and lone PUBs to our own topics deliver before the
+  pump's OKs (``_publish_staged``): a PUB's consumers get it before its producer gets the OK.
+
+The worker's jobs each have a module of their own, mixed into ``Worker``: publishing and the rings
+(``forwarding.py``), topics, channels and control commands (``topics.py``), timers and deferred messages
+(``deadlines.py``), low-water marks and compaction (``log_space.py``) and recovery after a crash
+(``worker_restart.py``); this module keeps the process's plumbing, the loop's idle work, delivery and flushing.
+Topic, Channel and Session use a narrow part of it (``workers/domain/channel.py`` lists what a channel needs), so each
+is unit-tested with a small fake (``tests/workers/fakes.py``).
+
+Restart: a worker forked again after a crash (``restarted``) reads its topic directory, re-attaches and recovers
+each topic's log, recovers its in-flight table and requeues everything that was in flight at the dead process's
+connections (their clients are gone), tells the scanner to reset its heap, and rebuilds the deferred store's
+due-time heap from its entries (``workers/storage/worker_restart.py``).
+"""
+import gc
+import os
+import signal
+import time
+import traceback
+
+import numpy as np
+
+from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
+from nsqpy.protocol.identify import ServerSettings
+from nsqpy.protocol.v2_parser import Limits
+from nsqpy.workers.domain.deferred import DeferredStore, ShmChunks
+from nsqpy.workers.storage.sync_policy import Durability
+from nsqpy.workers.lane.fastlane import FastLane
+from nsqpy.workers.publishing.forwarding import Forwarding
+from nsqpy.workers.connections.handover import Connections, OwnerNaps
+from nsqpy.workers.processes.event_loop import Loop
+from nsqpy.workers.lane.ownpath import OwnPath
+from nsqpy.workers.storage.clean_stop import Persistence
+from nsqpy.workers.lane.pump import AUTO, PLACEMENTS, Pump
+from nsqpy.workers.storage.log_space import Reclaim
+from nsqpy.workers.domain.topics import Registry
+from nsqpy.workers.storage.worker_restart import Recovery
+from nsqpy.workers.publishing.links import DRAIN_BATCH
+from nsqpy.workers.publishing.records import RUN_WORDS, set_want_room
+from nsqpy.workers.domain.stats_rows import STATS_WAKE_SIGNAL, StatsPublisher
+from nsqpy.workers.timing.deadlines import Timekeeping
+from nsqpy.workers.timing.timer_batches import TimerBatches
+
+LARGE_FORWARD = 4 << 20  # bytes: bigger forwarded publishes go by file (a ring record is at most half the ring)
+FRAME_SCRATCH = 8 << 20
+QUIESCE_WAIT = 5.0             # seconds a stopping worker waits for the others to stop taking publishes
+LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
+
+
+def _nothing():
+    pass
+
+
+def server_settings(opts):
+    ms = 1_000_000
+    return ServerSettings(
+        max_heartbeat_interval_ms=opts.max_heartbeat_interval // ms,
+        max_output_buffer_size=opts.max_output_buffer_size,
+        min_output_buffer_timeout_ms=opts.min_output_buffer_timeout // ms,
+        max_output_buffer_timeout_ms=opts.max_output_buffer_timeout // ms,
+        output_buffer_timeout_ms=opts.output_buffer_timeout // ms,
+        max_msg_timeout_ms=opts.max_msg_timeout // ms,
+        msg_timeout_ms=opts.msg_timeout // ms,
+        max_rdy_count=opts.max_rdy_count,
+        tls_available=bool(opts.tls_cert), snappy_enabled=opts.snappy, deflate_enabled=opts.deflate,
+        max_deflate_level=opts.max_deflate_level, auth_required=bool(opts.auth_http_address),
+        tls_required=opts.tls_required != 0)  # TLSRequired.NOT_REQUIRED; tcp-https still requires it on TCP
+
+
+class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, Persistence, Durability):
+    def __init__(self, plan, index, restarted, log):
+        self.plan = plan
+        self.lane = None  # the forward lane (workers/lane/fastlane.py), once on: _lane_on_when_ready
+        self._lane_failed = False
+        self.opts = plan.opts
+        self.index = index
+        self.log = log
+        self.data_path = plan.data_path
+        self.loop = Loop(log)
+        lim = self.opts.limits()
+        self.limits = Limits(lim.max_msg_size, lim.max_body_size, lim.max_rdy_count, lim.max_req_timeout_ms)
+        self.server_settings = server_settings(self.opts)
+        self.inflight = plan.inflight[index]
+        self.directory = plan.meta[index]
+        self.control = plan.control
+        self.links = plan.link_set
+        self.inbox = plan.inboxes[index][0]
+        self.sessions = {}
+        self.topics = {}
+        self.topics_by_index = {}
+        self.channels_by_key = {}
+        self.dirty = []
+        self.delivered = []  # sessions given message frames since the last flush: flushed before the rest
+        self.pending = set()
+        self.table_blocked = set()     # channels stopped by a full in-flight table
+        self.touched = set()           # topics whose low-water marks may have moved since the last reclaim pass
+        self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
+        self._storage_logged = {}
+        self.placement = PLACEMENTS[self.opts.producer_placement]
+        self.pump = Pump(self.limits.max_msg_size, index, self.placement, self.limits.max_body_size,
+                         (self.opts.producer_move_in_rate, self.opts.producer_move_out_rate),
+                         self.opts.producer_busy_percent / 100)
+        self.timers = TimerBatches(self.inflight.capacity)
+        self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
+        self._topic_seq = 0
+        self._channel_seq = 0
+        self._scratch = np.empty(FRAME_SCRATCH, np.uint8)
+        self._pack = np.empty(FRAME_SCRATCH, np.uint8)  # forwarded publishes (bigger ones get their own)
+        self._one_off, self._one_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self._fwd_off, self._fwd_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self._scanner_epoch = self.control.scanner_epoch()
+        self.deferred = DeferredStore(ShmChunks(self.data_path, self.opts.node_id, index), recovering=restarted)
+        self._deferred_at = None       # due time of the loop timer armed for the deferred store
+        self._compact_logged = 0.0
+        self.pub_in = self.links.inputs_of(index)  # from every producer slot but ours: workers, then others
+        self.pub_pending = self.links.watch(self.pub_in)
+        self.pub_out = {j: self.links.pub(index, j) for j in range(plan.workers) if j != index}
+        # the wake-up line of who writes pub_in[i] (the owner wakes a sender waiting for room: _drain_from)
+        self._pub_in_from = [self.links.proc_of(j) for j in range(self.links.producers) if j != index]
+        self.to_scanner = self.links.to_scanner(index)
+        self.from_scanner = self.links.from_scanner(index)
+        for link in self.pub_in + [self.from_scanner]:
+            self.links.recover_reader(link)
+        for link in list(self.pub_out.values()) + [self.to_scanner]:
+            self.links.recover_writer(link)
+        self._stopping = False
+        self.suspect = self.control.suspect(index)
+        self._fwd_k = 0                 # index of the forwarded record being appended, in its drain batch
+        self._fwd_refused = False       # the drain stopped at a record its topic cannot take (ring: C_STALLED)
+        self._fwd_poison = None         # (link, index in its first batch): a forwarded record to set aside
+        self._fwd_careful = None        # a link whose next drain goes record by record (a drain of it crashed)
+        self._fwd_runs = np.zeros((DRAIN_BATCH, RUN_WORDS), np.int64)  # plan_forward_runs' output
+        self._fwd_msgs = tuple(np.zeros(4096, np.int64) for _ in range(3))  # its messages: offsets, lengths, ts
+        self._fwd_batch = None          # (ring data, offsets, lengths, types) of the batch being drained
+        self._fwd_files = 0             # large forwarded publishes written (file names)
+        self._parked = {}               # owner -> deque of Parked publishes waiting for room in its ring, in order
+        self._owner_naps = OwnerNaps(plan.workers)  # how often forwards found each owner asleep (auto placement)
+        self._parked_count = 0
+        self._parked_poll = None
+        self._parked_logged = 0.0
+        self._large_forward = min([LARGE_FORWARD] + [link.large_forward for link in self.pub_out.values()])
+        for link in self.pub_out.values():
+            set_want_room(link.ring.ctl, 0)  # a dead predecessor may have left it set
+        self._crash_on = self.opts.crash_on_body.encode()
+        # frames of a compiled delivery round (kernels.deliver_round); None turns those rounds off, so that
+        # --crash-on-body sees every message framed (write_frames)
+        self.round_buffer = None if self._crash_on else self._scratch
+        self.own_path = OwnPath(self)   # the lane publishes lone PUBs to our own topics (workers/lane/ownpath.py)
+        self._crash_on_forwarded = self.opts.crash_on_forwarded_body.encode()
+        self.stats = StatsPublisher(self, plan.stats_board)  # the stats plane: workers/domain/stats_rows.py
+        self._init_durability()
+        self.saved = False              # stop() wrote every unfinished message to disk (workers/storage/clean_stop.py)
+        self.control.clear_flags(index)  # neither quiesced nor busy
+        self.storage_failing = False
+        self.control.set_storage_failed(index, 0)
+        if restarted:
+            self._recover()
+            self._after_crash()
+        else:
+            self.load_queues()
+
+    # ---- plumbing --------------------------------------------------------------------------------------
+    def run(self, ready_fd):
+        signal.signal(signal.SIGINT, signal.SIG_IGN)
+        self.loop.add_signal_handler(signal.SIGTERM, self.stop)
+        self.loop.add_signal_handler(signal.SIGUSR1, self.dump_state)
+        self.loop.add_signal_handler(STATS_WAKE_SIGNAL, _nothing)  # a stats reader without our eventfd wakes us
+        self.loop.add_reader(self.inbox.fileno(), self._on_handoff)
+        self.loop.add_reader(self.links.eventfd(self.index), self._on_wake)
+        self.loop.add_reader(self.pump.epfd, self.pump.read)
+        for fd in (self.pump.epfd, self.links.eventfd(self.index), self.inbox.fileno()):
+            self.loop.keep_on_error(fd)
+        self.loop.add_idle(self._idle)
+        self._lane_on_when_ready()
+        self._load_mark = (time.process_time(), time.monotonic())
+        self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
+        gc.collect()
+        gc.freeze()  # start-up's objects (modules, numba's dispatchers) leave the collector's passes for good
+        os.write(ready_fd, b"w")
+        self.loop.run()
+
+    def _lane_on_when_ready(self):
+        """Switch the forward lane on (forwards, and the own path; with one worker there is nothing to forward: the
+        own path alone) once its kernels are compiled: at once, but after a first start only when the supervisor's
+        background compile is done (workers/lane/warmup.py Background; until then the loop's Python path does the same
+        work), checked again every period. Loading its kernels from numba's cache then takes milliseconds."""
+        background = self.plan.background
+        if self.lane is not None or self._lane_failed or (background is not None and not background.ready()):
+            return
+        if background is not None:
+            try:
+                background.load()
+            except Exception as e:  # e.g. no file descriptor left for the lane's throwaway sockets: not again
+                self._lane_failed = True
+                self.log.error(f"worker {self.index}: cannot load the forward lane ({e!r}); going on without it")
+                return
+            self.log.debug(f"worker {self.index}: forward lane on")
+        self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
+                             {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
+                             self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
+                             self.own_path, self._quiet)
+        self.loop.fast_poll = self.lane.poll
+
+    def stop(self):
+        if self._stopping:
+            return
+        self._stopping = True
+        for s in list(self.sessions.values()):
+            s.flush()
+            s.close()
+        self._drop_parked()  # never answered: their sessions are closed
+        self._quiesce()
+        try:
+            self.save_queues()
+        except Exception:
+            # the shared memory stays as it is: the next start salvages it (workers/storage/broker_crash.py)
+            self.log.error(f"worker {self.index}: cannot save messages to disk, leaving them in shared memory "
+                           f"for the next start: {traceback.format_exc().strip()}")
+        else:
+            self.saved = True
+            for t in list(self.topics.values()):
+                t.discard_storage()
+            self.deferred.destroy()
+        self.loop.stop()
+
+    def _quiesce(self):
+        """Shutdown: take no more publishes, then drain the rings until every other worker stopped taking them
+        too (the supervisor stopped the other producers before the workers), so that whatever another worker
+        committed to us, answered OK, is in our logs before we save them."""
+        self.control.set_quiesced(self.index, True)
+        deadline = time.monotonic() + QUIESCE_WAIT
+        others = [w for w in range(self.plan.workers) if w != self.index]
+        while True:
+            while self._drain_pub_rings():
+                pass
+            if all(self.control.quiesced(w) for w in others) or time.monotonic() > deadline:
+                break
+            time.sleep(0.002)  # shutdown only: the others close their sessions within milliseconds
+        while self._drain_pub_rings():
+            pass
+        self._idle()
+
+    def dump_state(self):
+        """SIGUSR1: one log line per owned channel and its consumers (a debugging aid for operators)."""
+        for t in self.topics.values():
+            for ch in t.channels.values():
+                cons = ", ".join(f"{c.remote_text} rdy={c.rdy} in_flight={c.in_flight}" for c in ch.consumers)
+                self.log.info(f"worker {self.index}: {t.name}/{ch.name} depth={t.log.depth(ch.ch)} "
+                              f"requeued={len(ch.requeued)} due={len(ch.due)} deferred={ch.deferred_count} "
+                              f"live_slots={len(self.inflight)} "
+                              f"pending={ch in self.pending} consumers=[{cons}]")
+
+    def _on_wake(self):
+        self.links.awake(self.index)
+
+    def _periodic(self):
+        # only topics whose channels delivered, finished, requeued or changed since the last pass (and full ones):
+        # an idle topic's low-water marks cannot have moved, and a pass over 50,000 idle topics cost a worker
+        # about half of every second
+        touched, self.touched = self.touched, set()
+        self.refresh_low_water([t for t in touched if not t.deleted])
+        cpu, now = time.process_time(), time.monotonic()
+        self._publish_load(cpu - self._load_mark[0], now - self._load_mark[1])
+        self._load_mark = (cpu, now)
+        self._lane_on_when_ready()
+        self.loop.call_later(LOW_WATER_PERIOD, self._periodic)
+
+    def _publish_load(self, cpu_s, wall_s):
+        """Auto placement: over its busy share of a core, this worker moves out the producers moved in but the
+        last (the pump's rule), and the others move none in (the control block's flag; workers/lane/pump.py)."""
+        busy = self.pump.set_load(cpu_s, wall_s)
+        if busy != self.control.busy(self.index):
+            self.control.set_busy(self.index, busy)
+            if self.placement == AUTO:
+                self.log.debug(f"worker {self.index}: {'busy' if busy else 'no longer busy'} "
+                               f"({100 * cpu_s / max(wall_s, 1e-9):.0f}% of a core over the last {wall_s:.1f} s)")
+
+    # ---- delivery and flushing -------------------------------------------------------------------------
+    def write_frames(self, s, log, positions, attempts):
+        """Frame the records at positions into s's output. A round is at most MAX_ROUND_BYTES of frames, unless
+        one message is bigger: then it comes alone and gets a buffer of its own size."""
+        if self._crash_on:  # --crash-on-body (tests only): framing a marked message
+            _crash_if_marked((log.body(p) for p in np.asarray(positions).tolist()), self._crash_on)
+        out = self._scratch
+        try:
+            end = log.write_frames(out, 0, positions, attempts)
+        except ValueError:  # bigger than the scratch buffer: only a single big message can be (rare path)
+            need = int(log.records_at(positions).lengths[:len(positions)].sum()) + FRAME_OVERHEAD * len(positions)
+            out = np.empty(need, np.uint8)
+            end = log.write_frames(out, 0, positions, attempts)
+        self.send_frames(s, out, end)
+
+    def send_frames(self, s, out, end, sent=0):
+        """out[:end], a round's frames, of which the first ``sent`` bytes went to s's socket already: the rest to
+        s's output (flushed by _deliver_and_flush)."""
+        if sent < end:
+            s.write(memoryview(out)[sent:end])
+            self.delivered.append(s)
+
+    @staticmethod
+    def direct_fd(s):
+        """s's socket when a compiled round may send its frames at once: nothing is queued for it (they would
+        overtake it). They go before the idle step's sync (--sync-every): only replies, OKs, wait for that."""
+        return -1 if s.wbuf or s.closed else s.fd
+
+    def _forward_fault_injection(self, src, offsets, lengths):
+        """--crash-on-forwarded-body (tests only): appending a marked forwarded message."""
+        _crash_if_marked((bytes(src[o:o + n]) for o, n in zip(np.asarray(offsets).tolist(),
+                                                               np.asarray(lengths).tolist())), self._crash_on_forwarded)
+
+    def storage_works(self):
+        """A store worked after failures: healthy again (as nsqd after its next good disk write)."""
+        self.storage_failing = False
+        self.control.set_storage_failed(self.index, 0)
+
+    def storage_failed(self, what, exc):
+        """A publish or topic creation failed for lack of memory or disk: one log line per cause and second (a
+        full /dev/shm would otherwise log once per PUB)."""
+        if not self.storage_failing:
+            self.storage_failing = True
+            self.control.set_storage_failed(self.index, time.time_ns())  # /ping: unhealthy until a store works
+        now = time.monotonic()
+        key = (what, type(exc))
+        if now - self._storage_logged.get(key, 0.0) >= 1.0:
+            self._storage_logged[key] = now
+            self.log.error(f"{what}: {exc}")
+
+    def _quiet(self):
+        """None when the idle step has work, else the loop's timeout for its next wait (-1: no timer): asked by the
+        forward lane after the own path's publish, to go on without the loop (``FastLane.poll``). The idle step's
+        other inputs (rings, the scanner's, a stats request) write this worker's eventfd, which ends the lane."""
+        if self.pending or self.delivered or self.dirty or self._unsynced or self.pump.staged or \
+                self._parked_count or self.table_blocked:
+            return None
+        return self.loop.next_timeout()
+
+    def _inputs_empty(self):
+        return self.from_scanner.empty() and not self.pub_pending.any() and not (
+            self._parked_count and self._parked_room()) and not self.stats.requested()
+
+    def _idle(self):
+        drained = self._drain_pub_rings()
+        more = drained > 0
+        if self._parked_count:
+            self._retry_parked()
+        if self.pump.staged:
+            if drained:
+                # what was read was sent after every forward committed before it, and the drain above (after the
+                # read) found those; only a drain that took a batch may have left some of them behind
+                self._catch_up()
+            self.pump.commit(self._publish_staged, self.move_producer)
+        if self.from_scanner.drain(self._on_scanner):
+            more = True
+        epoch = self.control.scanner_epoch()
+        if epoch != self._scanner_epoch:
+            self._scanner_epoch = epoch
+            self.resync_scanner()
+        if self.table_blocked and len(self.inflight) < self.inflight.capacity:
+            self.pending |= self.table_blocked  # slots were freed: resume the channels the full table stopped
+            self.table_blocked.clear()
+        if self._deliver_and_flush():
+            more = True
+        self.stats.poll()
+        if more or self.pending:
+            return True
+        return not self.links.prepare_sleep(self.index, self._inputs_empty)
+
+    def channel_changed(self, ch):
+        """ch delivered or finished: its topic's low-water mark and statistics may have moved."""
+        self.touched.add(ch.topic)
+        self.stats.changed.add(ch.topic.name)
+
+    def _deliver_and_flush(self):
+        """Deliver to every channel with messages and ready consumers, then send every session's output, the
+        sessions given messages first (a PUB's OK goes after the message it published); True if a channel has
+        more to deliver now. Also run after the pump's lone PUBs to a topic of ours, before their OKs go out
+        (``_publish_staged``)."""
+        more = False
+        if self.pending:
+            pending, self.pending = self.pending, set()
+            for ch in pending:
+                self.channel_changed(ch)
+                try:
+                    if ch.deliver():
+                        self.pending.add(ch)
+                        more = True
+                except Exception:
+                    # never let one channel's delivery kill the worker (and every other topic with it); its
+                    # messages stay where they are and the next FIN/REQ/publish tries again
+                    self.log.error(f"worker {self.index}: delivery on {ch.topic.name}/{ch.name} failed: "
+                                   f"{traceback.format_exc().strip()}")
+        if self._unsynced:
+            self.sync_due()  # before the replies go out: --sync-every=1 answers after the sync (group commit)
+        if self.dirty or self.delivered:
+            delivered, self.delivered = self.delivered, []
+            dirty, self.dirty = self.dirty, []
+            for s in delivered + dirty:  # messages first: a reply's send (an OK) wakes its client, which may take
+                s.flush()                # our CPU; a session flushed twice has nothing left the second time
+        return more
+
+
+def _crash_if_marked(bodies, marker):
+    """Fault injection (tests only): die as a kernel bug would, by SIGSEGV, if a body starts with marker."""
+    for body in bodies:
+        if body.startswith(marker):
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+
+EXIT_UNSAVED = 4  # the worker stopped without saving its messages: the supervisor must keep its shared memory
+
+
+def worker_main(plan, index, restarted, ready_fd, log):
+    worker = Worker(plan, index, restarted, log)
+    worker.run(ready_fd)
+    if not worker.saved:
+        raise SystemExit(EXIT_UNSAVED)

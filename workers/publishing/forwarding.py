@@ -1,0 +1,436 @@
+"""Publishing from a worker: PUB/MPUB/DPUB appended here or forwarded to the topic's owner, the owner's side of
+the rings (forwarded publishes and control commands), and back-pressure when a ring is full.
+
+A mixin of ``nsqpy.workers.processes.worker.Worker`` (one of the worker's jobs, in a file of its own); it uses the worker's
+``plan``, ``links``, ``pub_in``/``pub_out``, ``pump``, ``control``, ``suspect``, ``loop`` and ``get_topic``.
+Theory of operation: ARCHITECTURE.md, "Message flow" and "Overload slows producers down".
+"""
+import os
+import time
+import traceback
+import zlib
+from collections import deque
+from functools import partial
+
+import numpy as np
+
+from nsqpy.ipc.ring import C_HEAD, C_READ, C_STALLED, P_TAIL
+from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed
+from nsqpy.workers.control import commands as CMD
+from nsqpy.workers.publishing.records import COMMAND, EMPTY_FORWARD, FORWARD, FORWARD_BY_FILE, RUN_APPEND, RUN_FIRST, RUN_MSG, \
+    RUN_MSGS, RUN_NAME, RUN_NAME_LEN, RUN_RECORDS, forward_size, forward_topic, owner_of, pack_forward, \
+    plan_forward_runs, set_want_room, unpack_command, unpack_forward, want_room
+from nsqpy.workers.storage.poison import COUNT as SUSPECT_COUNT, FORWARD as FORWARD_SUSPECT, quarantine_file
+from nsqpy.workers.domain.topic import StorageError
+
+PARKED_POLL = 0.05             # seconds: parked publishes are retried at least this often (the owner wakes us)
+FORWARD_RETRY = 0.05           # seconds before a forwarded publish the owner could not append is tried again
+
+
+def _nothing():
+    pass
+
+
+class Parked:
+    """A forwarded publish waiting for room in the ring to its topic's owner (a copy of its record), and the
+    sessions whose OK waits for it: one for a PUB/MPUB/DPUB, every session of a batch of the pump's lone PUBs.
+    Each session is held meanwhile (``Session.hold``: it reads nothing more)."""
+    __slots__ = ("rtype", "payload", "topic", "crc", "waiters")
+
+    def __init__(self, rtype, payload, topic, crc):
+        self.rtype = rtype
+        self.payload = payload
+        self.topic = topic
+        self.crc = crc
+        self.waiters = []  # (session, messages, error class, verb)
+
+    def add(self, s, n=1, error=PubFailed, verb="PUB"):
+        self.waiters.append((s, n, error, verb))
+        s.hold()
+
+    def wanted(self):
+        """Some session still waits for it (one closed while held gets no answer, and its messages go nowhere)."""
+        return any(not w[0].closed for w in self.waiters)
+
+    def drop(self):
+        if self.rtype == FORWARD_BY_FILE and self.payload is not None:
+            try:
+                os.unlink(bytes(self.payload).decode())
+            except OSError:
+                pass
+        self.payload = None
+
+
+class Forwarding:
+    _draining = False  # inside a ring drain (its handlers may delete topics, which catch up first)
+
+    # ---- publishing ------------------------------------------------------------------------------------
+    def publish(self, s, topic, bodies, defer_ms, verb):
+        # one message: reuse one-element arrays (appending copies them into the log), no allocation per PUB
+        body = bodies[0]
+        self._one_len[0] = len(body)
+        self._publish(s, topic, np.frombuffer(body, np.uint8), self._one_off, self._one_len, defer_ms,
+                      DpubFailed if verb == "DPUB" else PubFailed, verb)
+
+    def publish_mpub(self, s, cmd):
+        self._publish(s, cmd.topic, np.frombuffer(cmd.buffer, np.uint8), cmd.offsets, cmd.lengths, 0, MpubFailed,
+                      "MPUB")
+
+    def _publish(self, s, topic, src, offsets, lengths, defer_ms, error, verb):
+        n = len(lengths)
+        now = time.time_ns()
+        owner = owner_of(topic, self.plan.workers)
+        try:
+            if owner == self.index:
+                self._catch_up()
+                ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
+            else:
+                ok = self._forward(owner, topic, src, offsets, lengths, now, defer_ms)
+        except StorageError as e:
+            raise error(f"{verb} failed {e}") from None
+        if not ok:
+            raise error(f"{verb} failed topic {topic} is full")
+        if ok is True:
+            s.count_pub(topic, n)
+        else:
+            ok.add(s, n, error, verb)  # parked: the OK goes once the ring took it, the session reads no more
+        self.pump.learn_topic(topic, owner)
+
+    def _publish_staged(self, topic, buf, offsets, lengths):
+        """The pump's lone PUBs of this iteration for one topic, as one batch -> True (their OKs follow), False
+        (E_PUB_FAILED) or a Parked publish (the pump adds their sessions to it; see Pump.commit). For a topic of
+        ours, the channels that can take them deliver and flush before this returns, so before the OKs; a
+        session that flush closes gets no OK (the pump checks its fd's generation)."""
+        now = time.time_ns()
+        owner = owner_of(topic, self.plan.workers)
+        try:
+            if owner == self.index:
+                t = self.get_topic(topic)
+                self.own_path.hint(t)  # the lane may take this topic's next lone PUBs (workers/lane/ownpath.py)
+                ok = t.append(buf, offsets, lengths, now)
+                if self.pending:
+                    # deliver and flush now, before the pump sends the OKs: an OK's send wakes its producer,
+                    # which on a busy host may take this worker's CPU before the consumers got the messages
+                    self._deliver_and_flush()
+                return ok
+            return self._forward(owner, topic, buf, offsets, lengths, now, 0)
+        except StorageError:
+            return False  # already logged; the pump answers E_PUB_FAILED
+
+    def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
+        """Commit n messages (bodies src[offsets[i]:offsets[i]+lengths[i]]) to the owner's ring as one record.
+        -> True when committed; False when the owner marked the topic full (E_PUB_FAILED, as nsqd); a Parked
+        publish (holding a copy) when the ring has no room now, or earlier publishes to this owner still wait:
+        the caller adds the sessions whose OK waits for it. A full ring is back-pressure, never an error."""
+        name = topic.encode()
+        crc = zlib.crc32(name)
+        if self.control.topic_full(owner, crc):
+            return False  # the owner could not take the last ones: refuse now, as nsqd would
+        size = forward_size(name, lengths)
+        out = self._pack if size <= self._pack.size else np.empty(size, np.uint8)
+        return self._send_forward(owner, pack_forward(out, name, src, offsets, lengths, now, defer_ms), topic, crc)
+
+    def _send_forward(self, owner, payload, topic, crc):
+        """Commit one record to the owner's ring at once, or park it behind what already waits for that owner
+        (-> the Parked publish). Never waits: the loop goes on serving every other session, and the owner wakes
+        us when it has released records of a ring we wait on (``_drain_from``)."""
+        ring = self.pub_out[owner]
+        rtype = FORWARD
+        if len(payload) > self._large_forward:
+            payload, rtype = self._forward_file(payload), FORWARD_BY_FILE
+        if owner not in self._parked and ring.send(rtype, payload):
+            self._owner_naps.saw(owner, self.links.wake(owner))
+            return True
+        p = Parked(rtype, payload.copy() if rtype == FORWARD else payload, topic, crc)
+        q = self._parked.get(owner)
+        if q is None:
+            q = self._parked[owner] = deque()
+            set_want_room(ring.ring.ctl, 1)  # before the room check that precedes any sleep (_inputs_empty)
+            now = time.monotonic()
+            if now - self._parked_logged >= 1.0:
+                self._parked_logged = now
+                self.log.debug(f"worker {self.index}: worker {owner} is behind: publishes to it wait for room")
+        q.append(p)
+        self._parked_count += 1
+        if self._parked_poll is None:
+            self._parked_poll = self.loop.call_later(PARKED_POLL, self._poll_parked)
+        self.links.wake(owner)
+        return p
+
+    def _retry_parked(self):
+        """Commit parked publishes, oldest first for each owner, as far as its ring takes them; answer their
+        sessions (OK, or E_*_FAILED when the owner marked the topic full meanwhile) and let them read again."""
+        for owner in list(self._parked):
+            q = self._parked[owner]
+            ring = self.pub_out[owner]
+            sent = False
+            while q:
+                p = q[0]
+                if not p.wanted():
+                    p.drop()
+                    answer = None
+                elif self.control.topic_full(owner, p.crc):
+                    p.drop()
+                    answer = partial(self._answer_parked, p, "is full")
+                elif ring.send(p.rtype, p.payload):
+                    sent = True
+                    p.payload = None  # the ring (or the owner, for a file) has it now
+                    answer = partial(self._answer_parked, p, None)
+                elif ring.ring.ctl[C_STALLED] or ring.ring.out_of_pages:
+                    # not slow but stuck: the owner cannot store the record at the head of this ring (no space,
+                    # or its budgets and overdraft are used up), or /dev/shm has no page for this one in the ring
+                    # (nsqpy.ipc.ring, lazy pages), so this waits on a real limit: fail, as nsqd's publish fails on a
+                    # full disk
+                    p.drop()
+                    answer = partial(self._answer_parked, p, "cannot be stored now: no space")
+                else:
+                    break
+                q.popleft()
+                self._parked_count -= 1
+                if answer is not None:
+                    answer()  # may publish again: to this owner, that queues behind what still waits here
+            if sent:
+                self.links.wake(owner)
+            if not q:
+                del self._parked[owner]
+                set_want_room(ring.ring.ctl, 0)
+
+    def _answer_parked(self, p, why):
+        """OK (``why`` None: committed) or E_*_FAILED (``why`` the reason) for each session still waiting on a
+        parked publish; then each reads again (``Session.release``). One session's failure stays its own."""
+        for s, n, error, verb in p.waiters:
+            if s.closed:
+                continue
+            try:
+                if why is None:
+                    s.count_pub(p.topic, n)
+                    s.release()
+                else:
+                    s.fail_held(error(f"{verb} failed topic {p.topic} {why}"))
+            except Exception:
+                self.log.error(f"worker {self.index}: [{s.remote_text}] failed after its parked publish: "
+                               f"{traceback.format_exc().strip()}")
+                s.close()
+
+    def _parked_room(self):
+        """Whether the first parked publish of some owner fits in its ring now."""
+        for owner, q in self._parked.items():
+            if self.pub_out[owner].ring.can_claim(len(q[0].payload)):
+                return True
+        return False
+
+    def _poll_parked(self):
+        """A safety net while publishes are parked (the owner's wake-up is what normally retries them)."""
+        self._parked_poll = None
+        if self._parked_count:
+            self._parked_poll = self.loop.call_later(PARKED_POLL, self._poll_parked)
+
+    def _drop_parked(self):
+        for q in self._parked.values():
+            for p in q:
+                p.drop()
+        self._parked.clear()
+        self._parked_count = 0
+
+    def _forward_file(self, payload):
+        """Write a forwarded publish too big for the ring to a file under the data path; -> its path, the ring
+        record. The owner appends from it and removes it; a file whose record was released is gone, so a
+        re-read after a crash finds no file and knows the publish was appended (at worst it appends twice)."""
+        self._fwd_files += 1
+        path = os.path.join(self.data_path, f"{self.plan.prefix.strip('/')}fwd-{self.index}-{os.getpid()}-"
+                                            f"{self._fwd_files}.bin")
+        try:
+            with open(path, "xb") as f:
+                f.write(memoryview(payload))
+        except OSError as e:
+            try:
+                os.unlink(path)
+            except FileNotFoundError:
+                pass
+            self.storage_failed("a large publish cannot be forwarded", e)
+            raise StorageError(f"cannot forward a publish of {len(payload)} bytes: {e}") from None
+        return np.frombuffer(path.encode(), np.uint8)
+
+    def _on_forwarded(self, rtype, payload):
+        """Append one forwarded publish (already answered OK by the sender). False keeps it in the ring: the
+        topic cannot take it now (budgets used up, no space, topic cannot be created), and draining pauses for
+        FORWARD_RETRY so the worker does not spin on it; it is never dropped. Meanwhile the ring counts as
+        stalled (C_STALLED, see _drain_from), as does any other ring this pause keeps us from draining."""
+        if self._fwd_blocked_until:
+            if time.monotonic() < self._fwd_blocked_until:
+                self._fwd_refused = True
+                return False
+            self._fwd_blocked_until = 0.0
+        self.suspect.w[self.suspect.base + SUSPECT_COUNT] = self._fwd_k
+        if rtype == COMMAND:
+            self._on_command(payload)
+            self._fwd_k += 1
+            return True
+        path, payload = self._load_forwarded(rtype, payload)
+        if payload is None:
+            self._fwd_k += 1
+            return True  # appended and its file removed before a crash kept the record from being released
+        try:
+            ok = self._append_forwarded(payload)
+        except StorageError:
+            ok = False
+        if ok and path is not None:
+            os.unlink(path)
+        self._fwd_k += 1
+        if not ok:
+            self._fwd_refused = True
+            self._fwd_blocked_until = time.monotonic() + FORWARD_RETRY
+            self.loop.call_later(FORWARD_RETRY, _nothing)  # wakes the loop to try again
+        return ok
+
+    @staticmethod
+    def _load_forwarded(rtype, payload):
+        """-> (path of its file or None, the publish's bytes; None when the file is gone: already appended)."""
+        if rtype != FORWARD_BY_FILE:
+            return None, payload
+        path = bytes(payload).decode()
+        try:
+            return path, np.fromfile(path, np.uint8)
+        except FileNotFoundError:
+            return path, None
+
+    def _append_forwarded(self, payload):
+        topic, offsets, lengths, ts, defer_ms = unpack_forward(payload, self._fwd_off, self._fwd_len)
+        if self._crash_on_forwarded:
+            self._forward_fault_injection(payload, offsets, lengths)
+        return self.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
+
+    def _on_command(self, payload):
+        """A control command from another process (workers/control/client.py): carry it out (``control_command``),
+        store (sequence, status) in the sender's reply words. Never raises: a record that cannot even be read is
+        logged and dropped (its sender times out), it must not wedge the ring."""
+        try:
+            slot, seq, op, topic, channel, _ = unpack_command(payload)
+        except Exception as e:
+            self.log.error(f"worker {self.index}: dropped an unreadable control command: {e!r}")
+            return
+        handler = getattr(self, "control_command", None)
+        try:
+            status = CMD.NOT_IMPLEMENTED if handler is None else int(handler(op, topic, channel))
+        except Exception:
+            self.log.error(f"worker {self.index}: control command {CMD.OP_NAMES.get(op, op)} {topic} "
+                           f"{channel or ''} failed: {traceback.format_exc().strip()}")
+            status = CMD.FAILED
+        try:
+            self.links.post_reply(slot, self.index, seq, status)
+        except ValueError as e:  # a reply slot that does not exist
+            self.log.error(f"worker {self.index}: cannot answer control command {seq}: {e}")
+
+    def _catch_up(self):
+        """Append everything other workers committed to their rings so far, before publishing here: a producer
+        handed over to this worker must not have its next messages overtake those it published before the
+        move (they were committed before their OK, so before the client sent the next one)."""
+        if self._draining:
+            return
+        for i in self.pub_pending.which():
+            ctl = self.pub_in[i].ring.ctl
+            target = int(ctl[P_TAIL])
+            while int(ctl[C_READ]) < target and self._drain_from(i):
+                pass
+
+    def _drain_pub_rings(self):
+        return sum(self._drain_from(i) for i in self.pub_pending.which())
+
+    def _drain_from(self, i):
+        """Drain forwarded publishes from the i-th input ring, with the suspect words naming each record (the ring's
+        release position when the drain began, and the record's index after it)."""
+        link = self.pub_in[i]
+        ctl = link.ring.ctl
+        if ctl[P_TAIL] == ctl[C_READ]:
+            return 0
+        self.suspect.begin(FORWARD_SUSPECT, i, 0, int(ctl[C_HEAD]), 0)
+        self._fwd_k = 0
+        self._fwd_refused = False
+        self._draining = True  # a command in the ring (e.g. topic_delete) must not drain rings again
+        try:
+            if self._fwd_poison is not None and self._fwd_poison[0] == i:
+                done = link.drain(self._set_aside_forwarded)
+            elif self._fwd_careful == i:
+                self._fwd_careful = None
+                done = link.drain(self._on_forwarded)
+            else:
+                done = link.drain_runs(self._plan_runs, self._on_run)
+        finally:
+            self._draining = False
+        self.suspect.end()
+        if self._fwd_refused:
+            ctl[C_STALLED] = 1  # its sender fails what it cannot put into this ring (instead of waiting)
+        elif done and ctl[C_STALLED]:
+            ctl[C_STALLED] = 0
+        if done and want_room(ctl):  # its sender parked publishes for want of room: there is some now
+            self.links.wake(self._pub_in_from[i])
+        return done
+
+    def _plan_runs(self, data, offs, lens, types):
+        """The drained batch as runs (records.plan_forward_runs): -> (first record, record count) per run."""
+        runs, msgs = self._fwd_runs, self._fwd_msgs
+        self._fwd_batch = (data, offs, lens, types)
+        r, m = plan_forward_runs(data, offs, lens, types, runs, *msgs)
+        if r < 0:  # more messages than the arrays hold: grow them (to a power of two) and plan again
+            self._fwd_msgs = msgs = tuple(np.zeros(1 << (m - 1).bit_length(), np.int64) for _ in range(3))
+            r, m = plan_forward_runs(data, offs, lens, types, runs, *msgs)
+        return runs[:r, RUN_FIRST:RUN_RECORDS + 1].tolist()
+
+    def _on_run(self, j, first, count):
+        """Append run j of the batch being drained: consecutive forwarded publishes to one topic, with one
+        Topic.append (each message keeps its record's timestamp); any other record through _on_forwarded. The
+        suspect words name the run's first record (a crash then drains that ring record by record once:
+        Recovery). -> False (exactly) to stop the drain at this run, as _on_forwarded."""
+        self._fwd_k = first
+        run = self._fwd_runs[j]
+        data, offs, lens, types = self._fwd_batch
+        if not run[RUN_APPEND]:
+            off = int(offs[first])
+            return self._on_forwarded(int(types[first]), data[off:off + int(lens[first])])
+        if self._fwd_blocked_until:
+            if time.monotonic() < self._fwd_blocked_until:
+                self._fwd_refused = True
+                return False
+            self._fwd_blocked_until = 0.0
+        self.suspect.w[self.suspect.base + SUSPECT_COUNT] = first
+        a, b = int(run[RUN_MSG]), int(run[RUN_MSG] + run[RUN_MSGS])
+        topic = bytes(data[run[RUN_NAME]:run[RUN_NAME] + run[RUN_NAME_LEN]]).decode()
+        m_offs, m_lens, m_ts = (x[a:b] for x in self._fwd_msgs)
+        if self._crash_on_forwarded:
+            self._forward_fault_injection(data, m_offs, m_lens)
+        try:
+            ok = self.get_topic(topic).append(data, m_offs, m_lens, m_ts, acknowledged=True)
+        except StorageError:
+            ok = False
+        if not ok:
+            self._fwd_refused = True
+            self._fwd_blocked_until = time.monotonic() + FORWARD_RETRY
+            self.loop.call_later(FORWARD_RETRY, _nothing)  # wakes the loop to try again
+            return False
+        self._fwd_k = first + count
+        return True
+
+    def _set_aside_forwarded(self, rtype, payload):
+        """The first drain of the ring a poison record came from: set that record aside, append the others (those
+        after it in the same drain too, once ``_fwd_poison`` is cleared)."""
+        if self._fwd_poison is None or self._fwd_k != self._fwd_poison[1]:
+            return self._on_forwarded(rtype, payload)
+        if rtype == COMMAND:
+            self._fwd_poison = None
+            self._fwd_k += 1
+            self.log.error(f"worker {self.index}: a control command crashed this worker twice; dropped "
+                           f"({unpack_command(payload)[2:5]}), its sender times out")
+            return True
+        path, payload = self._load_forwarded(rtype, payload)
+        if payload is None:
+            payload = EMPTY_FORWARD
+        elif path is not None:
+            os.unlink(path)
+        n, ts, topic = forward_topic(payload)
+        path = quarantine_file(self.data_path, f"{topic}.forwarded.{ts}", bytes(payload))
+        self._fwd_poison = None
+        self._fwd_k += 1
+        self.suspect.count_quarantined()
+        self.log.error(f"worker {self.index}: a forwarded publish of {n} messages to topic {topic} crashed this "
+                       f"worker twice; set aside in {path}")
+        return True

@@ -1,0 +1,1 @@
+"""Timing: in-flight deadlines through the scanner process, and timer batches."""
