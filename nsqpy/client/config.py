@@ -9,7 +9,7 @@ import socket
 import ssl
 from dataclasses import dataclass, field, fields, replace
 
-VERSION = "0.1.0"  # setup.cfg's version; not read from package metadata, which costs import time
+VERSION = "0.1.0"  # the one place of the version: setup.cfg reads it (attr:); no metadata lookup at import
 
 __all__ = ["Config", "VERSION"]
 

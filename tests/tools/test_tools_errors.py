@@ -2,6 +2,7 @@
 to do, and exit status 1 (no traceback, nothing lost); every tool prints its version; a failed POST is one log
 line and the message is retried; SIGTERM stops nsq_to_nsq at once while its destination is down."""
 
+import importlib.metadata
 import json
 import signal
 import subprocess
@@ -74,7 +75,8 @@ def test_every_tool_prints_its_version(name):
     for flag in ("--version", "-version"):     # NSQ's tools are Go programs: one dash is as common
         out = run(name, flag)
         assert out.returncode == 0, out.stderr.decode()
-        assert out.stdout.decode() == f"{name} v0.1.0 (nsqpy)\n"
+        # the installed distribution's version (setup.cfg reads nsqpy.client.config.VERSION: one place)
+        assert out.stdout.decode() == f"{name} v{importlib.metadata.version('nsqpy')} (nsqpy)\n"
 
 
 def test_to_nsq_stops_at_a_record_nsqd_refuses_and_keeps_the_others(shared_nsqd):
