@@ -71,7 +71,7 @@ from numba import njit
 
 from nsqpy.ipc.numba_cache import JIT
 from nsqpy.ipc.atomics import py_load_acquire, py_store_release
-from nsqpy.ipc.layout import LINE, HEADER_WORDS, align_up, check_header, magic, stamp_header, words
+from nsqpy.ipc.layout import LINE, HEADER_WORDS, LayoutError, align_up, check_header, magic, stamp_header, words
 from nsqpy.ipc.wake import Wakeups, make_eventfd
 from nsqpy.ipc.ring import (C_HEAD, C_READ, CONTROL_BYTES, P_TAIL, HEADER_BYTES, Ring, record_size, ring_consumer_recover,
                       ring_producer_recover)
@@ -127,6 +127,24 @@ def nbytes(workers, producers=None, capacity=RING_MAX):
 def fixed_nbytes(workers, producers=None, capacity=RING_MAX):
     """Bytes of the links segment that are reserved at creation (everything but the ring data)."""
     return _layout(workers, workers if producers is None else producers, capacity)[2]
+
+
+def holds_records(buf) -> bool:
+    """Whether the links segment in ``buf`` (a dead instance's) holds a committed record in a pub ring that its
+    owner never released: a message acknowledged to its producer, still on its way to the topic's owner (which
+    may not even have created the topic's log yet). A header never stamped (the instance died while starting):
+    False. One this code cannot read (another layout version): True, the safe answer (``workers/storage/
+    leftovers.py`` keeps what may hold messages for its own next start)."""
+    try:
+        hdr = words(buf, 0, HEADER_WORDS, "links")
+        if not hdr.any():
+            return False
+        workers, producers, capacity = int(hdr[3]), int(hdr[4]), int(hdr[5])
+        rings, _, _, size = _layout(workers, producers, capacity)
+        check_header(hdr, MAGIC, VERSION, size, (workers, producers, capacity, SCANNER_CAPACITY), what="links")
+    except (LayoutError, ValueError):
+        return True
+    return any(not Ring(buf, off, None, 1).is_empty() for kind, _, _, off, _, _ in rings if kind == "pub")
 
 
 class Link:

@@ -11,7 +11,9 @@ from __future__ import annotations
 import os
 from dataclasses import dataclass
 
-from nsqpy.ipc.shm import SHM_DIR, find_dead_instances, live_creators, list_segments, remove_segments
+from nsqpy.ipc.layout import LayoutError
+from nsqpy.ipc.shm import SHM_DIR, Segment, find_dead_instances, live_creators, list_segments, remove_segments
+from nsqpy.workers.publishing import links
 
 
 def _tag(prefix: str) -> str:
@@ -49,9 +51,25 @@ def _recorded(prefix: str) -> tuple[str, int] | tuple[None, None]:
 
 
 def holds_messages(name: str) -> bool:
-    """A segment kind that can hold messages (topic logs, deferred entries): worth recovering."""
+    """A segment that may hold messages, worth recovering: a topic log or deferred entries, or the links segment
+    when one of its pub rings holds an unreleased record (a message acknowledged and not yet at its owner)."""
     kind = name.rsplit("-", 2)[-2]
+    if kind == "links":
+        return _links_hold_records(name)
     return kind in ("topic", "log") or kind.startswith("defer")
+
+
+def _links_hold_records(name: str) -> bool:
+    try:
+        seg = Segment.attach(name)
+    except OSError:  # gone meanwhile
+        return False
+    except LayoutError:  # not a segment this code can read: keep it
+        return True
+    try:
+        return links.holds_records(seg.buf)
+    finally:
+        seg.close()
 
 
 def _blocks(name: str) -> int:
