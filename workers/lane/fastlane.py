@@ -73,24 +73,19 @@ from nsqpy.ipc import sysio as S
 from nsqpy.ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from nsqpy.ipc.wake import wake_check
 from nsqpy.workers.connections.handover import owner_nap
-from nsqpy.workers.lane.ownpath import MAX_FINS, OW_ARMED, OW_FINS, OW_T, WORDS, idle_args, own_fin, own_publish
-from nsqpy.workers.lane.pump import MAX_EVENTS, ST_LEN, ST_N, ST_OFF, ST_TOPIC, _read, _settle_and_send
-from nsqpy.workers.publishing.records import FORWARD, FWD_HEAD, pack_bodies
+from nsqpy.workers.lane.ownpath import idle_args, own_fin, own_publish
+from nsqpy.workers.lane.pump import _read, _settle_and_send
+from nsqpy.workers.lane.words import (CN_OTHER, CN_STAGED, CN_TOPICS, MAX_EVENTS, MAX_FINS, OW_ARMED, OW_FINS, OW_T,
+                                      OW_WORDS, R_EVENTS, R_OWN, R_READ, R_SETTLED, R_TIMEOUT, RES_ATTENTION,
+                                      RES_CODE, RES_EVENTS, RES_FORWARDS, RES_MOVERS, RES_STAGED, RES_TALLIES,
+                                      RES_WORDS, ST_LEN, ST_N, ST_OFF, ST_TOPIC)
+from nsqpy.workers.publishing.records import FORWARD, FWD_HEAD_SIZE, write_forward
 
-R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN = range(5)
-RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS = range(7)
 SLICE = 0.005        # seconds a busy lane runs before it lets the idle step run
 SKIP_AFTER_MISS = 32  # loop iterations without the lane after MISSES_BEFORE_SKIP calls that did nothing
 MISSES_BEFORE_SKIP = 4  # in a row: neither forwarded nor published (an owner's own PUBs alternate with FINs)
 BATCH = 64           # an MPUB of at least this many messages takes the lane (a batch producer's)
-FWD_HEAD_SIZE = FWD_HEAD.size
 EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # struct epoll_event (packed)
-
-
-@njit(inline="always", **JIT_CALLEE)
-def _put_le64(data, at, v):
-    for k in range(8):
-        data[at + k] = (v >> (8 * k)) & 0xFF
 
 
 @njit(inline="always", **JIT_CALLEE)
@@ -112,9 +107,9 @@ def _lane_commands(st, n):
 @njit(**JIT_CALLEE)
 def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
                    timestamp_ns, large):
-    """Write the n staged messages (all of topic t) as one FORWARD record into the ring to ``owner`` (the same
-    payload as ``records.pack_forward``) and commit it; False (nothing written) when it is bigger than ``large``
-    or the ring has no room now."""
+    """Write the n staged messages (all of topic t) as one FORWARD record into the ring to ``owner`` (with
+    ``records.write_forward``, the Python path's encoder too) and commit it; False (nothing written) when it is
+    bigger than ``large`` or the ring has no room now."""
     name_len = name_lens[t]
     size = FWD_HEAD_SIZE + name_len + 8 * n
     for i in range(n):
@@ -128,14 +123,7 @@ def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at
     at = ring_claim(ctl, data, size, np.int64(FORWARD))  # typed: no Literal copy of ring_claim
     if at < 0:
         return False
-    _put_le64(data, at, n)
-    _put_le64(data, at + 8, timestamp_ns)
-    _put_le64(data, at + 16, 0)  # defer ms
-    _put_le64(data, at + 24, name_len)
-    p = at + FWD_HEAD_SIZE
-    for i in range(name_len):  # not a slice assignment: see records.pack_bodies
-        data[p + i] = names[t, i]
-    pack_bodies(buf, st[ST_OFF, :n], st[ST_LEN, :n], data, p + name_len)
+    write_forward(data, at, names[t], name_len, buf, st[ST_OFF, :n], st[ST_LEN, :n], timestamp_ns, np.int64(0))
     ring_commit(ctl)
     return True
 
@@ -168,7 +156,7 @@ def serve(main_ep, events, until, slice_s, me, large, res,
             break
         _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
               counts)
-        staged = counts[0]
+        staged = counts[CN_STAGED]
         # a consumer's FIN on the armed topic, alone or beside its PUBs (first: the RDY it frees takes them)
         if own[OW_ARMED] != 0 and own_fin(counts, out, buf, own, table_ctl, table_slots, table_index) and \
                 staged == 0:
@@ -178,7 +166,7 @@ def serve(main_ep, events, until, slice_s, me, large, res,
             if own[OW_FINS] == 1:
                 stop_at = _sliced(stop_at, S.monotonic(), slice_s)
             continue
-        if staged == 0 or counts[2]:
+        if staged == 0 or counts[CN_TOPICS]:
             res[RES_CODE] = R_READ
             break
         t = st[ST_TOPIC, 0]
@@ -188,7 +176,7 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         mine = owner == me and own[OW_ARMED] != 0 and t == own[OW_T] and own_publish(
             st, staged, buf, busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords)
         if not mine:
-            if counts[1] or owner == me or not _lane_commands(st, staged) or \
+            if counts[CN_OTHER] or owner == me or not _lane_commands(st, staged) or \
                     control_words[full_at[t]] == full_val[t] or not forward_staged(
                         st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity,
                         owner, S.realtime_ns(), large):
@@ -200,7 +188,7 @@ def serve(main_ep, events, until, slice_s, me, large, res,
                 woke = 1
             owner_nap(naps, owner, woke)
             forwards += 1
-        counts[0] = 0  # published here or committed to the ring: nothing left staged for Python (data may be)
+        counts[CN_STAGED] = 0  # published here or committed to the ring: nothing left staged for Python (data may be)
         now = S.monotonic()
         k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame, sent[:staged],
                                            sw, me, mode, rates, now, topic_owner, streak, streak_owner,
@@ -251,10 +239,10 @@ class FastLane:
         self.full_val = np.full(len(pump.names), -1, np.int64)
         self.known = 0        # topics of the pump whose full words are filled in
         self.skip = 0
-        self.res = np.zeros(RES_FORWARDS + 1, np.int64)
+        self.res = np.zeros(RES_WORDS, np.int64)  # words.py: RES_*
         self.forwards = 0     # forwards the lane committed (statistics, tests)
         self.own = own        # the owner's own lone PUBs (workers/lane/ownpath.py OwnPath), or None
-        self._no_own = idle_args(np.zeros(WORDS, np.int64))
+        self._no_own = idle_args(np.zeros(OW_WORDS, np.int64))
         self.misses = 0       # calls in a row that neither forwarded nor published
         self.quiet = quiet    # () -> None when the loop's idle step has work, else its next wait's timeout (``poll``)
         self.again = 0        # own publishes the lane went on after without the loop (statistics, tests)

@@ -55,27 +55,15 @@ from nsqpy.protocol.kernels import hex_value, snowflake_fill
 from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.workers.domain.channel import MAX_ROUND_BYTES, ROUND
 from nsqpy.workers.lane.kernels import deliver_round
-from nsqpy.workers.lane.pump import DATA, ST_LEN, ST_OFF
+from nsqpy.workers.lane.words import (A_IDS, A_NB, A_POS, A_TS, CN_OTHER, DATA, FN_FREED, FN_ID, FN_ROW, FN_SLOT,
+                                      FN_STATUS, MAX_FINS, MAX_N, MAX_ROWS, OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF,
+                                      OW_ARMED, OW_FINS, OW_NODE, OW_ROWS, OW_SEQ, OW_T, OW_TICK, OW_TOPIC_INDEX,
+                                      OW_WBASE, OW_WORDS, READ_AT, ROW, ROWS_AT, RW_CH, RW_CONN, RW_DEADLINE, RW_END,
+                                      RW_FD, RW_FINS, RW_FREE, RW_GOT, RW_KEY, RW_SENT, RW_TIMEOUT, SLOTS_AT, ST_LEN,
+                                      ST_OFF)
 from nsqpy.workers.domain.session import FIN_LINE  # the one form of FIN the lane takes, as Session.on_data
 
-MAX_ROWS = 4     # channels one armed topic may deliver to in the kernel
-MAX_N = 16       # messages (PUBs, MPUBs) one read may stage for the kernel to take
-MAX_FINS = 64    # FINs the lane may take before Python applies them
-OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE, OW_FINS = range(9)
-HEAD = 9
-# a row: its channel and consumer; RW_FREE is the consumer's free RDY (rdy - in flight: 0 or less for a row armed
-# for FINs only), RW_FINS whether the lane may take its FINs
-RW_CH, RW_KEY, RW_CONN, RW_FD, RW_FREE, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE, RW_FINS = range(11)
-ROW = 11
-_ROWS_AT = HEAD
-A_TS = _ROWS_AT + MAX_ROWS * ROW                      # the append's timestamps, IDs and not-befores
-A_IDS, A_NB, A_POS = A_TS + MAX_N, A_TS + 2 * MAX_N, A_TS + 3 * MAX_N   # A_POS: an empty slice (no positions)
-READ_AT = A_TS + 3 * MAX_N                            # the rounds' read columns (7 of MAX_N), shared by the rows
-SLOTS_AT = READ_AT + 7 * MAX_N                        # each row's in-flight slots (MAX_N per row)
-FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N                  # the FINs the lane took: each one's row and freed slot
-FN_SLOT = FN_ROW + MAX_FINS
-FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2  # one FIN's
-WORDS = FN_FREED + 1
+WORDS = OW_WORDS  # the own path's words (words.py: OW_*, RW_*, A_*, FN_*)
 
 
 @njit(**JIT_CALLEE)
@@ -100,7 +88,7 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
     rows = ow[OW_ROWS]
     r = 0
     while r < rows:
-        b = _ROWS_AT + r * ROW
+        b = ROWS_AT + r * ROW
         budget = min(ow[b + RW_FREE], ROUND, n)
         if budget <= 0:  # a row armed for its FINs only: no free RDY (yet)
             ow[b + RW_GOT] = 0
@@ -125,7 +113,7 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
             busy[ow[b + RW_FD]] = 1  # the rest of its frames is queued by Python, before any OK to that socket
             break
     while r < rows:  # after a partial send the round buffer holds its frames: these rows are Python's
-        ow[_ROWS_AT + r * ROW + RW_GOT] = 0
+        ow[ROWS_AT + r * ROW + RW_GOT] = 0
         r += 1
     return True
 
@@ -134,16 +122,16 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
 def own_fin(counts, out, buf, ow, table_ctl, table_slots, table_index):
     """A read that is one whole FIN (``FIN <16 lowercase hex digits>\\n``, nothing else) from the consumer of a row
     that takes FINs: the message freed in the in-flight table, one more free RDY in the row, (row, slot) staged
-    for Python (``OwnPath.fins_done``), the read taken (``counts[1]`` 0). -> False, having changed nothing,
+    for Python (``OwnPath.fins_done``), the read taken (``counts[CN_OTHER]`` 0). -> False, having changed nothing,
     otherwise: a FIN that fails (not in flight, not this consumer's) is Python's, which answers it."""
-    if counts[1] != 1 or out[1, 0] != DATA or out[3, 0] != FIN_LINE or ow[OW_FINS] >= MAX_FINS:
+    if counts[CN_OTHER] != 1 or out[OUT_KIND, 0] != DATA or out[OUT_LEN, 0] != FIN_LINE or ow[OW_FINS] >= MAX_FINS:
         return False
-    fd, at = out[0, 0], out[2, 0]
+    fd, at = out[OUT_FD, 0], out[OUT_OFF, 0]
     rows = ow[OW_ROWS]
     r = 0
-    while r < rows and ow[_ROWS_AT + r * ROW + RW_FD] != fd:
+    while r < rows and ow[ROWS_AT + r * ROW + RW_FD] != fd:
         r += 1
-    b = _ROWS_AT + r * ROW
+    b = ROWS_AT + r * ROW
     if r == rows or ow[b + RW_FINS] == 0:
         return False
     if buf[at] != 70 or buf[at + 1] != 73 or buf[at + 2] != 78 or buf[at + 3] != 32 or buf[at + FIN_LINE - 1] != 10:
@@ -164,7 +152,7 @@ def own_fin(counts, out, buf, ow, table_ctl, table_slots, table_index):
     ow[FN_SLOT + k] = ow[FN_FREED]
     ow[OW_FINS] = k + 1
     ow[b + RW_FREE] += 1
-    counts[1] = 0
+    counts[CN_OTHER] = 0
     return True
 
 
@@ -225,7 +213,7 @@ class OwnPath:
         ow[OW_TOPIC_INDEX] = t.index
         ow[OW_WBASE] = w.suspect.base
         for r, (ch, s, free) in enumerate(rows):
-            b = _ROWS_AT + r * ROW
+            b = ROWS_AT + r * ROW
             ow[b + RW_CH], ow[b + RW_KEY], ow[b + RW_CONN], ow[b + RW_FD] = ch.ch, ch.key, s.conn_id, s.fd
             ow[b + RW_FREE], ow[b + RW_TIMEOUT] = free, s.settings.msg_timeout_ms * 1_000_000
             ow[b + RW_FINS] = _takes_fins(ch, s)
@@ -293,7 +281,7 @@ class OwnPath:
         t.ids.last_tick, t.ids.sequence = int(ow[OW_TICK]), int(ow[OW_SEQ])
         t.count_appended(n, w.pump.st[ST_LEN, :n])  # (it asks a delivery pass of each channel: see below)
         for r, (ch, s) in enumerate(self.rows):
-            b = _ROWS_AT + r * ROW
+            b = ROWS_AT + r * ROW
             got = int(ow[b + RW_GOT])
             if got <= 0:
                 continue

@@ -65,11 +65,12 @@ from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.names import MAX_NAME_LENGTH
 from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_by
+from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, COUNTS, DATA, MAX_EVENTS, MAX_STAGED,
+                                      OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF, OUT_ROWS, ST_FD, ST_GEN, ST_LAST, ST_LEN,
+                                      ST_N, ST_OFF, ST_ROWS, ST_TOPIC)
 
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
-MAX_EVENTS = 1024
-MAX_STAGED = 8192           # messages one read call may stage (an MPUB that would overflow goes to the parser)
 MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
 SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
 PLACEMENTS = {"spread": SPREAD, "owner": OWNER, "auto": AUTO}
@@ -80,9 +81,6 @@ RATE_IN, RATE_OUT, OWNER_BUSY, MOVED_HERE = 0, 1, 2, 3  # auto: a producer moves
                             # moved in that this worker serves
 MAX_TOPICS = 4096
 TABLE_SLOTS = 8192          # open addressing, at most half full
-DATA, CLOSED = 1, 2
-ST_FD, ST_GEN, ST_TOPIC, ST_OFF, ST_LEN, ST_N, ST_LAST = range(7)   # rows of the staged messages
-OUT_FD, OUT_KIND, OUT_OFF, OUT_LEN = range(4)                       # rows of the reads for Python
 FAILED, PARKED = 1, 2       # a staged topic's outcome in ``failed``: refused (topic full), or waiting for room
 OK_SIZE = len(OK_FRAME)
 PUB_VERB, MPUB_VERB = (PubFailed, "PUB"), (MpubFailed, "MPUB")  # a staged command's error class and verb
@@ -140,9 +138,9 @@ def _stage(st, k, fd, fd_gen, t, off, length, n, last):
 
 @njit(locals={"cur": int64}, **JIT)  # cur = 0 would first compile lone_*_line for Literal[int](0)
 def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts):
-    counts[0] = 0
-    counts[1] = 0
-    counts[2] = 0
+    counts[CN_STAGED] = 0
+    counts[CN_OTHER] = 0
+    counts[CN_TOPICS] = 0
     n = S.epoll_wait(epfd, events.ctypes.data, MAX_EVENTS, 0)
     if n <= 0:
         return
@@ -176,7 +174,7 @@ def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, na
                 t = find_topic(buf, cur + 4, nl - 4, names, name_lens, table)
                 if t >= 0:
                     if staged and t != st[ST_TOPIC, 0]:
-                        counts[2] = 1  # more than one topic: commit groups them
+                        counts[CN_TOPICS] = 1  # more than one topic: commit groups them
                     _stage(st, staged, fd, gen[fd], t, cur + nl + 5, got - nl - 5, 1, 1)
                     staged += 1
                     cur += got
@@ -187,7 +185,7 @@ def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, na
                     t = find_topic(buf, cur + 5, nl - 5, names, name_lens, table)
                     if t >= 0:
                         if staged and t != st[ST_TOPIC, 0]:
-                            counts[2] = 1
+                            counts[CN_TOPICS] = 1
                         p = cur + nl + 9
                         for k in range(n):
                             size = S.be32(buf, p)
@@ -202,8 +200,8 @@ def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, na
         out[OUT_LEN, other] = got
         other += 1
         cur += got
-    counts[0] = staged
-    counts[1] = other
+    counts[CN_STAGED] = staged
+    counts[CN_OTHER] = other
 
 
 @njit(**JIT_CALLEE)
@@ -332,14 +330,14 @@ class Pump:
         self.table = np.full(TABLE_SLOTS, -1, np.int64)
         self.topics = []     # id -> name
         self.topic_ids = {}  # name -> id
-        self.st = np.zeros((ST_LAST + 1, MAX_STAGED), np.int64)  # the staged messages (rows ST_*)
+        self.st = np.zeros((ST_ROWS, MAX_STAGED), np.int64)  # the staged messages (words.py: rows ST_*)
         self.sent = np.zeros(MAX_STAGED, np.int64)
         self.failed = np.zeros(MAX_TOPICS, np.uint8)
         self.topic_owner = np.zeros(MAX_TOPICS, np.int64)
         self.movers = np.zeros(MAX_EVENTS, np.int64)
         self.sw = np.zeros((3, MAX_EVENTS), np.int64)
-        self.out = np.zeros((OUT_LEN + 1, MAX_EVENTS), np.int64)  # the reads for Python (rows OUT_*)
-        self.counts = np.zeros(3, np.int64)
+        self.out = np.zeros((OUT_ROWS, MAX_EVENTS), np.int64)  # the reads for Python (words.py: rows OUT_*)
+        self.counts = np.zeros(COUNTS, np.int64)  # words.py: CN_*
         self.staged = 0
 
     _FD_ARRAYS = (("gen", np.int64, 0), ("clean", np.uint8, 0), ("busy", np.uint8, 0),
@@ -431,8 +429,8 @@ class Pump:
     def after_read(self):
         """Take the results of a compiled read (``_read``, here or in the forward lane): what it staged is
         committed by ``commit``; data and closed results go to their sessions now."""
-        self.staged = int(self.counts[0])
-        other = int(self.counts[1])
+        self.staged = int(self.counts[CN_STAGED])
+        other = int(self.counts[CN_OTHER])
         if not other:
             return
         out, buf, sessions = self.out, self.buf, self.sessions
@@ -460,7 +458,7 @@ class Pump:
         st = self.st
         topics, offs, lens = st[ST_TOPIC, :n], st[ST_OFF, :n], st[ST_LEN, :n]
         failed = {}
-        if not self.counts[2]:
+        if not self.counts[CN_TOPICS]:
             t = int(topics[0])
             ok = publish(self.topics[t], self.bodies, offs, lens)
             if ok is not True:

@@ -36,6 +36,7 @@ COMMAND = 3
 
 FWD_HEAD = struct.Struct("<qqqq")     # message count, timestamp ns, defer ms, topic name length
 CMD_HEAD = struct.Struct("<qqqqqq")   # reply slot, sequence, op, topic name length, channel name length, flags
+FWD_HEAD_SIZE = FWD_HEAD.size
 
 
 def owner_of(topic, workers):
@@ -72,11 +73,34 @@ def forward_size(name, lengths):
     return FWD_HEAD.size + len(name) + 8 * len(lengths) + int(lengths.sum())
 
 
+@njit(inline="always", **JIT_CALLEE)
+def _put_le64(out, at, v):
+    for k in range(8):
+        out[at + k] = (v >> (8 * k)) & 0xFF
+
+
+@njit(**JIT)
+def write_forward(out, at, name, name_len, src, offsets, lengths, timestamp_ns, defer_ms):
+    """The one encoder of a FORWARD payload (module docstring), into out[at:]: the head, the topic name
+    name[:name_len], then ``pack_bodies``; -> its end. The Python path (``pack_forward``) and the forward lane
+    (``workers/lane/fastlane.py`` ``forward_staged``, straight into a claimed ring record) both write with it."""
+    p = at + FWD_HEAD_SIZE
+    if at < 0 or name_len < 0 or name_len > name.size or p + name_len > out.size:
+        raise IndexError("write_forward: out is too small")
+    _put_le64(out, at, lengths.size)
+    _put_le64(out, at + 8, timestamp_ns)
+    _put_le64(out, at + 16, defer_ms)
+    _put_le64(out, at + 24, name_len)
+    for i in range(name_len):  # not a slice assignment: see pack_bodies
+        out[p + i] = name[i]
+    return pack_bodies(src, offsets, lengths, out, p + name_len)
+
+
 def pack_forward(out, name, src, offsets, lengths, timestamp_ns, defer_ms):
     """Write the FORWARD payload into out (a uint8 array of at least forward_size bytes); -> the payload view."""
-    head = FWD_HEAD.pack(len(lengths), timestamp_ns, defer_ms, len(name)) + name
-    out[:len(head)] = np.frombuffer(head, np.uint8)
-    return out[:pack_bodies(read_only(src), offsets, lengths, out, len(head))]
+    name_arr = np.frombuffer(name, np.uint8)
+    return out[:write_forward(out, 0, name_arr, len(name), read_only(src), offsets, lengths, int(timestamp_ns),
+                              int(defer_ms))]
 
 
 def forward_topic(payload):
@@ -112,7 +136,6 @@ EMPTY_FORWARD = np.frombuffer(FWD_HEAD.pack(0, 0, 0, 0), np.uint8)  # stands for
 # runs of forwarded publishes: what the owner appends with one call -----------------------------------------
 RUN_FIRST, RUN_RECORDS, RUN_APPEND, RUN_MSG, RUN_MSGS, RUN_NAME, RUN_NAME_LEN = range(7)
 RUN_WORDS = 7
-FWD_HEAD_SIZE = FWD_HEAD.size
 
 
 @njit(**JIT_CALLEE)

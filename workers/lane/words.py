@@ -1,0 +1,105 @@
+"""The compiled lane's shared words, described once: every block of int64 words that the pump
+(``workers/lane/pump.py``), the forward lane (``fastlane.py``), the own path (``ownpath.py``) and their Python sides
+hand each other, with each word's offset, what it holds, who writes it and who reads it. Every module of the lane
+imports its offsets from here; nothing else defines them.
+
+These blocks are process-local numpy arrays (not shared memory between processes): "shared" means shared between
+Python and the compiled calls, and between the kernels of one call. Each word has one writer at a time, and the
+caller and a kernel never run at once, so plain loads and stores are enough. numba compiles ``a[NAME]`` with a
+module constant ``NAME`` to the same load as a scalar argument's, so a block costs the hot path nothing but saves
+unboxing an argument per word at every call from Python.
+
+Blocks (shape, dtype; writer -> readers):
+
+``st``: the staged messages, ``(ST_ROWS, MAX_STAGED)`` int64, one column per staged message.
+    Writer: ``pump._read`` (one column per message of a lone PUB or MPUB it recognised). Readers: ``Pump.commit``
+    and ``_settle_and_send`` (the OKs), ``fastlane.forward_staged`` / ``_lane_commands``, ``ownpath.own_publish``,
+    ``OwnPath.done``.
+    ST_FD      the producer's socket            ST_GEN   its fd generation at the read (an OK for a closed fd is
+    ST_TOPIC   pump topic id                             never sent: ``Pump.gen``)
+    ST_OFF     body offset in the read buffer   ST_LEN   body length
+    ST_N       messages in its command (1: a PUB or an MPUB of one)
+    ST_LAST    1 on the last message of its command (where the OK goes)
+
+``out``: the reads for Python, ``(OUT_ROWS, MAX_EVENTS)`` int64, one column per read the pump did not stage.
+    Writer: ``pump._read``; ``ownpath.own_fin`` takes a lone FIN's (``counts[CN_OTHER]`` back to 0). Reader:
+    ``Pump.after_read``.
+    OUT_FD     the socket       OUT_KIND  DATA (bytes for the session's parser) or CLOSED (end of stream, error)
+    OUT_OFF    offset of the bytes in the read buffer   OUT_LEN  their length
+
+``counts``: one read's totals, ``(COUNTS,)`` int64. Writer: ``pump._read`` (the lane clears CN_STAGED after it
+    published or forwarded them, ``own_fin`` CN_OTHER after it took a FIN). Readers: ``Pump.after_read``,
+    ``Pump.commit``, ``fastlane.serve``, ``own_fin``.
+    CN_STAGED  columns of ``st`` filled   CN_OTHER  columns of ``out`` filled
+    CN_TOPICS  1 when the staged messages are for more than one topic (commit groups them)
+
+``res``: the outcome of one ``fastlane.serve`` call, ``(RES_WORDS,)`` int64. Writer: ``serve``. Reader:
+    ``FastLane._serve``.
+    RES_CODE     R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT or R_OWN (``fastlane``'s docstring)
+    RES_EVENTS   with R_EVENTS: epoll events in the lane's event buffer
+    RES_TALLIES, RES_ATTENTION, RES_MOVERS   with R_SETTLED / R_OWN: what ``_settle_and_send`` returned (tallies
+                 to fold, OKs Python must answer, producers to move)
+    RES_STAGED   with R_SETTLED / R_OWN: the staged messages that call answered
+    RES_FORWARDS forwards the call committed (always)
+
+``ow``: the own path's words, ``(OW_WORDS,)`` int64 (``ownpath``'s docstring).
+    Head, written by ``OwnPath.arm`` before each lane call (OW_TICK, OW_SEQ, OW_FINS also by the kernels):
+    OW_ARMED        1 when a topic is armed (0: the lane does no own publish or FIN)
+    OW_T            the armed topic's pump id          OW_NODE, OW_TICK, OW_SEQ  its ID generator's state
+                    (``own_publish`` advances TICK and SEQ; ``OwnPath.done`` copies them back)
+    OW_ROWS         rows armed (<= MAX_ROWS)           OW_TOPIC_INDEX  the topic's index (in-flight slots name it)
+    OW_WBASE        the worker's suspect words' base (``workers/storage/poison.py``)
+    OW_FINS         FINs the lane took (``own_fin`` counts up; ``OwnPath.fins_done`` reads and clears it)
+    MAX_ROWS rows of ROW words from ROWS_AT, one per armed channel: written by ``arm`` (RW_CH .. RW_TIMEOUT,
+    RW_FINS), ``own_publish`` (RW_GOT .. RW_DEADLINE), ``own_fin`` (RW_FREE += 1); read by the kernels and
+    ``OwnPath.done`` / ``fins_done``:
+    RW_CH, RW_KEY   the channel's log slot and key     RW_CONN, RW_FD  its consumer's connection id and socket
+    RW_FREE         the consumer's free RDY (0 or less: the row is armed for its FINs only)
+    RW_TIMEOUT      its message timeout, ns            RW_FINS  1 when the lane may take its FINs
+    RW_GOT, RW_END, RW_SENT, RW_DEADLINE   the row's round: messages delivered, end of its frames in the round
+                    buffer, bytes of them sent, the round's deadline
+    Scratch of ``own_publish``: A_TS, A_IDS, A_NB (MAX_N each: the append's timestamps, IDs, not-befores; A_POS
+    an empty slice), READ_AT (7 x MAX_N: the delivery rounds' read columns, shared by the rows), SLOTS_AT
+    (MAX_ROWS x MAX_N: each row's in-flight slots, read by ``done``).
+    The FINs the lane took, written by ``own_fin``, read by ``fins_done``: FN_ROW, FN_SLOT (MAX_FINS each: the
+    row and the freed slot of each); FN_ID, FN_STATUS, FN_FREED (one FIN's scratch).
+"""
+
+MAX_EVENTS = 1024           # epoll events per wait; also the columns of ``out``
+MAX_STAGED = 8192           # messages one read call may stage (columns of ``st``)
+
+# st: the staged messages (rows)
+ST_FD, ST_GEN, ST_TOPIC, ST_OFF, ST_LEN, ST_N, ST_LAST = range(7)
+ST_ROWS = 7
+
+# out: the reads for Python (rows), and OUT_KIND's values
+OUT_FD, OUT_KIND, OUT_OFF, OUT_LEN = range(4)
+OUT_ROWS = 4
+DATA, CLOSED = 1, 2
+
+# counts: one read's totals
+CN_STAGED, CN_OTHER, CN_TOPICS = range(3)
+COUNTS = 3
+
+# res: one lane call's outcome, and RES_CODE's values
+RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS = range(7)
+RES_WORDS = 7
+R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN = range(5)
+
+# ow: the own path's words
+MAX_ROWS = 4     # channels one armed topic may deliver to in the kernel
+MAX_N = 16       # messages (PUBs, MPUBs) one read may stage for the kernel to take
+MAX_FINS = 64    # FINs the lane may take before Python applies them
+OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE, OW_FINS = range(9)
+HEAD = 9
+RW_CH, RW_KEY, RW_CONN, RW_FD, RW_FREE, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE, RW_FINS = range(11)
+ROW = 11
+ROWS_AT = HEAD
+A_TS = ROWS_AT + MAX_ROWS * ROW
+A_IDS, A_NB, A_POS = A_TS + MAX_N, A_TS + 2 * MAX_N, A_TS + 3 * MAX_N   # A_POS: an empty slice (no positions)
+READ_AT = A_TS + 3 * MAX_N
+SLOTS_AT = READ_AT + 7 * MAX_N
+FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N
+FN_SLOT = FN_ROW + MAX_FINS
+FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2
+OW_WORDS = FN_FREED + 1
