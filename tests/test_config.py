@@ -321,7 +321,7 @@ def test_limits_for_the_protocol_parser():
     assert (limits.max_msg_timeout_ms, limits.client_timeout_ms) == (900_000, 60_000)
     assert (limits.max_heartbeat_interval_ms, limits.output_buffer_timeout_ms) == (60_000, 250)
     assert (limits.min_output_buffer_timeout_ms, limits.max_output_buffer_timeout_ms) == (25, 30_000)
-    assert (limits.max_output_buffer_size, limits.max_deflate_level, limits.auth_required) == (65536, 6, False)
+    assert (limits.max_output_buffer_size, limits.max_deflate_level) == (65536, 6)
 
 
 def test_data_path_empty_means_working_directory(tmp_path):

@@ -10,12 +10,12 @@ from .common import LogLevel, TLSRequired, TLSVersion, default_node_id
 from .duration import DurationError, format_duration, parse_duration
 from .flags import HelpRequested, OptionsError
 from .nsqadmin import NsqadminOptions
-from .nsqd import NsqdLimits, NsqdOptions
+from .nsqd import NsqdOptions
 from .nsqlookupd import NsqlookupdOptions
 from .options import Spec, parse, parse_or_exit
 
 __all__ = [
-    "DurationError", "HelpRequested", "LogLevel", "NsqadminOptions", "NsqdLimits", "NsqdOptions",
+    "DurationError", "HelpRequested", "LogLevel", "NsqadminOptions", "NsqdOptions",
     "NsqlookupdOptions", "OptionsError", "Spec", "TLSRequired", "TLSVersion", "default_node_id",
     "format_duration", "parse", "parse_duration", "parse_or_exit",
 ]

@@ -1,7 +1,12 @@
 """NsqdOptions: every nsqd flag of NSQ v1.3.0 (plus the few master-only ones the
 spec lists), with NSQ's names, defaults and start-up checks, and nsqpy's own
-options after them.  Durations are int nanoseconds; ``limits()`` hands the
-protocol code the plain integers it compares against.
+options after them.  Durations are int nanoseconds (Go's time.Duration).
+
+``limits()`` is the one derivation of nsqd's limits from the options: a
+``nsqpy.protocol.limits.Limits`` (sizes, counts, durations in whole ms,
+truncated as Go's ``d / time.Millisecond``) that the V2 parser, IDENTIFY
+(``server_settings()``), the workers and the HTTP API all read.  The limit
+flags take their defaults from that module's ``NSQ_DEFAULTS``, the one copy.
 """
 from __future__ import annotations
 
@@ -10,7 +15,10 @@ import os
 from typing import ClassVar
 
 from .common import DaemonOptions, TLSRequired, TLSVersion, default_node_id, hostname
-from .duration import HOUR, MILLISECOND, MINUTE, SECOND
+from nsqpy.protocol.identify import ServerSettings
+from nsqpy.protocol.limits import NSQ_DEFAULTS as NSQ, Limits, to_ms
+
+from .duration import MILLISECOND, MINUTE, SECOND
 from .kinds import Bool, Choice, Duration, Int, Percentiles, Str, StrList, TLSRequiredKind
 from .options import option, require
 from .support import Deprecated, Differs, Refused, Unused
@@ -42,34 +50,11 @@ NO_SAMPLING = Unused("in-flight timeouts and deferred messages wait in heaps and
                      "without sampling channels")
 
 
-@dataclasses.dataclass(frozen=True)
-class NsqdLimits:
-    """The numbers the V2 protocol and HTTP handlers check, in the units the wire uses."""
-
-    max_msg_size: int
-    max_body_size: int
-    max_rdy_count: int
-    max_req_timeout_ms: int
-    max_msg_timeout_ms: int
-    msg_timeout_ms: int
-    client_timeout_ms: int
-    max_heartbeat_interval_ms: int
-    max_output_buffer_size: int
-    max_output_buffer_timeout_ms: int
-    min_output_buffer_timeout_ms: int
-    output_buffer_timeout_ms: int
-    max_deflate_level: int
-    max_channel_consumers: int
-    deflate: bool
-    snappy: bool
-    auth_required: bool
-
-
 @dataclasses.dataclass
 class NsqdOptions(DaemonOptions):
     PROG: ClassVar[str] = "nsqd"
-    # nsqd internals with no flag (nsqd/options.go): fixed, but kept here with the rest.
-    CLIENT_TIMEOUT: ClassVar[int] = 60 * SECOND
+    # nsqd internals with no flag (nsqd/options.go): fixed, but kept here with the rest (ClientTimeout, read by
+    # IDENTIFY, is nsqpy.protocol.limits.Limits.client_timeout_ms).
     QUEUE_SCAN_INTERVAL: ClassVar[int] = 100 * MILLISECOND
     QUEUE_SCAN_REFRESH_INTERVAL: ClassVar[int] = 5 * SECOND
     QUEUE_SCAN_DIRTY_PERCENT: ClassVar[float] = 0.25
@@ -137,25 +122,29 @@ class NsqdOptions(DaemonOptions):
     queue_scan_selection_count: int = option(Int(), 20, "channels sampled per scan (every 100ms) for "
                                              "in-flight and deferred timeouts", support=NO_SAMPLING)
 
-    msg_timeout: int = option(Duration(), 60 * SECOND, "default time a client has before a message is "
-                              "requeued automatically")
-    max_msg_timeout: int = option(Duration(), 15 * MINUTE, "longest message timeout a client may ask for")
-    max_msg_size: int = option(Int(), 1048576, "largest message body, in bytes")
-    max_req_timeout: int = option(Duration(), HOUR, "longest requeue delay (REQ) and deferral (DPUB, "
-                                  "/pub?defer)")
-    max_body_size: int = option(Int(), 5242880, "largest command body (IDENTIFY, AUTH, MPUB), in bytes")
-    max_heartbeat_interval: int = option(Duration(), 60 * SECOND, "longest heartbeat interval a client "
-                                         "may ask for")
-    max_rdy_count: int = option(Int(), 2500, "largest RDY count a client may set")
-    max_output_buffer_size: int = option(Int(), 65536, "largest output buffer a client may ask for, in bytes")
-    max_output_buffer_timeout: int = option(Duration(), 30 * SECOND, "longest output flush interval a "
-                                            "client may ask for")
-    min_output_buffer_timeout: int = option(Duration(), 25 * MILLISECOND, "shortest output flush interval "
-                                            "a client may ask for")
-    output_buffer_timeout: int = option(Duration(), 250 * MILLISECOND, "default output flush interval (nsqpy "
-                                        "negotiates and reports it, and flushes sooner: after every loop "
-                                        "iteration)")
-    max_channel_consumers: int = option(Int(), 0, "most consumer connections per channel (0: no limit)")
+    # The limits' defaults are NSQ's, from nsqpy.protocol.limits (one copy, also IDENTIFY's and the parser's).
+    msg_timeout: int = option(Duration(), NSQ.msg_timeout_ms * MILLISECOND, "default time a client has before a "
+                              "message is requeued automatically")
+    max_msg_timeout: int = option(Duration(), NSQ.max_msg_timeout_ms * MILLISECOND, "longest message timeout a "
+                                  "client may ask for")
+    max_msg_size: int = option(Int(), NSQ.max_msg_size, "largest message body, in bytes")
+    max_req_timeout: int = option(Duration(), NSQ.max_req_timeout_ms * MILLISECOND, "longest requeue delay (REQ) "
+                                  "and deferral (DPUB, /pub?defer)")
+    max_body_size: int = option(Int(), NSQ.max_body_size, "largest command body (IDENTIFY, AUTH, MPUB), in bytes")
+    max_heartbeat_interval: int = option(Duration(), NSQ.max_heartbeat_interval_ms * MILLISECOND, "longest "
+                                         "heartbeat interval a client may ask for")
+    max_rdy_count: int = option(Int(), NSQ.max_rdy_count, "largest RDY count a client may set")
+    max_output_buffer_size: int = option(Int(), NSQ.max_output_buffer_size, "largest output buffer a client may "
+                                         "ask for, in bytes")
+    max_output_buffer_timeout: int = option(Duration(), NSQ.max_output_buffer_timeout_ms * MILLISECOND, "longest "
+                                            "output flush interval a client may ask for")
+    min_output_buffer_timeout: int = option(Duration(), NSQ.min_output_buffer_timeout_ms * MILLISECOND, "shortest "
+                                            "output flush interval a client may ask for")
+    output_buffer_timeout: int = option(Duration(), NSQ.output_buffer_timeout_ms * MILLISECOND, "default output "
+                                        "flush interval (nsqpy negotiates and reports it, and flushes sooner: after "
+                                        "every loop iteration)")
+    max_channel_consumers: int = option(Int(), NSQ.max_channel_consumers, "most consumer connections per channel "
+                                        "(0: no limit)")
 
     statsd_address: str = option(Str(), "", "UDP <addr>:<port> of a statsd daemon to push stats to")
     statsd_interval: int = option(Duration(), 60 * SECOND, "time between statsd pushes")
@@ -183,7 +172,8 @@ class NsqdOptions(DaemonOptions):
     tls_min_version: TLSVersion = option(TLS_MIN_VERSION, TLSVersion.TLS1_0, "lowest TLS version accepted: "
                                          "tls1.0, tls1.1, tls1.2 or tls1.3")
     deflate: bool = option(Bool(), True, "let clients negotiate deflate compression")
-    max_deflate_level: int = option(Int(1, 9), 6, "highest deflate level a client may negotiate (1-9)")
+    max_deflate_level: int = option(Int(1, 9), NSQ.max_deflate_level, "highest deflate level a client may "
+                                    "negotiate (1-9)")
     snappy: bool = option(Bool(), True, "let clients negotiate snappy compression")
 
     # nsqpy's own options: not in NSQ; each help says so.
@@ -283,29 +273,28 @@ class NsqdOptions(DaemonOptions):
         """--data-path, with "" meaning the working directory as in nsqd."""
         return self.data_path or os.getcwd()
 
-    def limits(self) -> NsqdLimits:
-        return NsqdLimits(
+    def limits(self) -> Limits:
+        """nsqd's limits from these options: the one derivation (each duration to whole ms, once, here)."""
+        return Limits(
             max_msg_size=self.max_msg_size,
             max_body_size=self.max_body_size,
             max_rdy_count=self.max_rdy_count,
-            max_req_timeout_ms=_ms(self.max_req_timeout),
-            max_msg_timeout_ms=_ms(self.max_msg_timeout),
-            msg_timeout_ms=_ms(self.msg_timeout),
-            client_timeout_ms=_ms(self.CLIENT_TIMEOUT),
-            max_heartbeat_interval_ms=_ms(self.max_heartbeat_interval),
+            max_req_timeout_ms=to_ms(self.max_req_timeout),
+            max_msg_timeout_ms=to_ms(self.max_msg_timeout),
+            msg_timeout_ms=to_ms(self.msg_timeout),
+            max_heartbeat_interval_ms=to_ms(self.max_heartbeat_interval),
             max_output_buffer_size=self.max_output_buffer_size,
-            max_output_buffer_timeout_ms=_ms(self.max_output_buffer_timeout),
-            min_output_buffer_timeout_ms=_ms(self.min_output_buffer_timeout),
-            output_buffer_timeout_ms=_ms(self.output_buffer_timeout),
+            min_output_buffer_timeout_ms=to_ms(self.min_output_buffer_timeout),
+            max_output_buffer_timeout_ms=to_ms(self.max_output_buffer_timeout),
+            output_buffer_timeout_ms=to_ms(self.output_buffer_timeout),
             max_deflate_level=self.max_deflate_level,
             max_channel_consumers=self.max_channel_consumers,
-            deflate=self.deflate,
-            snappy=self.snappy,
-            auth_required=bool(self.auth_http_address),
         )
 
-
-def _ms(nanoseconds: int) -> int:
-    """Whole milliseconds, truncated toward zero like Go's d / time.Millisecond."""
-    whole = abs(nanoseconds) // MILLISECOND
-    return -whole if nanoseconds < 0 else whole
+    def server_settings(self, limits: Limits | None = None) -> ServerSettings:
+        """What IDENTIFY needs: ``limits`` (default: ``self.limits()``) and the features these options turn on."""
+        return ServerSettings(
+            limits=self.limits() if limits is None else limits,
+            tls_available=bool(self.tls_cert), snappy_enabled=self.snappy, deflate_enabled=self.deflate,
+            auth_required=bool(self.auth_http_address),
+            tls_required=self.tls_required != TLSRequired.NOT_REQUIRED)  # tcp-https: TCP requires it too

@@ -2,9 +2,10 @@
 
 Modules, by noun: `errors` (wire error codes), `frames` (server frames), `ids` (message IDs), `commands`
 (what a V2 client sends), `names` (topic/channel names, numbers), `states` (client state table),
-`v2_parser` + `v2_bodies` (server-role parser), `identify` (IDENTIFY negotiation), `client` (client role),
-`v1` (lookupd, both roles), `kernels` (the numba kernels behind the batch paths), `v2_recognisers` (compiled
-checks that one read is exactly one plain PUB or MPUB: the broker's fast path), `gojson` (Go-style JSON).
+`v2_parser` + `v2_bodies` (server-role parser), `identify` (IDENTIFY negotiation), `limits` (nsqd's limits: one
+object for the parser, IDENTIFY and the broker), `client` (client role), `v1` (lookupd, both roles), `kernels` (the
+numba kernels behind the batch paths), `v2_recognisers` (compiled checks that one read is exactly one plain PUB or
+MPUB: the broker's fast path), `gojson` (Go-style JSON).
 
 Importing this package compiles nothing: numba kernels compile (or load from cache) on first use.
 """
@@ -17,7 +18,8 @@ _EXPORTS = {
         "Touch"),
     "nsqpy.protocol.errors": ("DropConnection", "ProtocolError"),
     "nsqpy.protocol.identify": ("ClientSettings", "ServerSettings", "negotiate_identify"),
-    "nsqpy.protocol.v2_parser": ("Limits", "V2Parser", "iter_commands"),
+    "nsqpy.protocol.limits": ("Limits",),
+    "nsqpy.protocol.v2_parser": ("V2Parser", "iter_commands"),
 }
 _WHERE = {name: module for module, names in _EXPORTS.items() for name in names}
 

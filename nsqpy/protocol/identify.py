@@ -5,6 +5,8 @@ nsqd's struct (keys matched case-insensitively, unknown keys ignored, a wrong JS
 `null` leaves the default), applies nsqd's checks in nsqd's order and returns the client's settings plus the
 reply data: `OK`, or the JSON response when feature_negotiation is true. After sending that reply the session
 performs the granted upgrades in order (TLS, then snappy or deflate), each followed by one more `OK` frame.
+The bounds checked are `server.limits`, the same `Limits` object the parser and the broker hold (in ms, the
+unit of IDENTIFY's fields, so a check compares without converting).
 """
 
 from __future__ import annotations
@@ -14,28 +16,22 @@ from dataclasses import dataclass, replace
 
 from nsqpy.protocol.errors import BadBody, IdentifyFailed
 from nsqpy.protocol.gojson import INT32, INT64, decode_struct
+from nsqpy.protocol.limits import NSQ_DEFAULTS, Limits
 
 __all__ = ["ServerSettings", "ClientSettings", "negotiate_identify", "default_client_settings"]
 
+DEFAULT_DEFLATE_LEVEL = 6  # nsqd's level when a client asks for deflate without one (not --max-deflate-level)
+
 @dataclass(frozen=True, slots=True)
 class ServerSettings:
-    """The nsqd options IDENTIFY depends on (NSQ's defaults; durations in ms)."""
+    """What IDENTIFY depends on: nsqd's limits (the one `Limits` the parser and the broker hold too, from
+    `NsqdOptions.limits()`; NSQ's defaults) and the features the options turn on."""
 
-    max_heartbeat_interval_ms: int = 60_000
-    client_timeout_ms: int = 60_000           # fixed in nsqd; the default heartbeat is half of it
-    max_output_buffer_size: int = 65_536
-    default_output_buffer_size: int = 16_384
-    min_output_buffer_timeout_ms: int = 25
-    max_output_buffer_timeout_ms: int = 30_000
-    output_buffer_timeout_ms: int = 250
-    max_msg_timeout_ms: int = 900_000
-    msg_timeout_ms: int = 60_000
-    max_rdy_count: int = 2500
+    limits: Limits = NSQ_DEFAULTS
     version: str = "1.3.0"
     tls_available: bool = False               # a certificate and key are configured
-    snappy_enabled: bool = True
-    deflate_enabled: bool = True
-    max_deflate_level: int = 6
+    snappy_enabled: bool = True               # --snappy
+    deflate_enabled: bool = True              # --deflate
     auth_required: bool = False               # any --auth-http-address
     tls_required: bool = False                # --tls-required true or tcp-https: commands but IDENTIFY need TLS
     topology_in_response: bool = False        # [master] adds topology_region/zone to the JSON response
@@ -57,7 +53,7 @@ class ClientSettings:
     tls_v1: bool = False
     snappy: bool = False
     deflate: bool = False
-    deflate_level: int = 6
+    deflate_level: int = DEFAULT_DEFLATE_LEVEL
     topology_region: str = ""
     topology_zone: str = ""
 
@@ -68,12 +64,13 @@ class ClientSettings:
 
 def default_client_settings(server: ServerSettings, remote_ip: str = "") -> ClientSettings:
     """A connection's settings before (or without) IDENTIFY."""
+    limits = server.limits
     return ClientSettings(
         client_id=remote_ip, hostname=remote_ip, user_agent="",
-        heartbeat_interval_ms=server.client_timeout_ms // 2,
-        output_buffer_size=server.default_output_buffer_size,
-        output_buffer_timeout_ms=server.output_buffer_timeout_ms,
-        msg_timeout_ms=server.msg_timeout_ms)
+        heartbeat_interval_ms=limits.client_timeout_ms // 2,
+        output_buffer_size=limits.default_output_buffer_size,
+        output_buffer_timeout_ms=limits.output_buffer_timeout_ms,
+        msg_timeout_ms=limits.msg_timeout_ms)
 
 
 # IDENTIFY's JSON fields: key -> (type, int range, default).
@@ -104,7 +101,7 @@ def negotiate_identify(body: bytes, server: ServerSettings,
     msg_timeout = data["msg_timeout"]
     if msg_timeout == 0:
         msg_timeout = base.msg_timeout_ms
-    elif not 1000 <= msg_timeout <= server.max_msg_timeout_ms:
+    elif not 1000 <= msg_timeout <= server.limits.max_msg_timeout_ms:
         raise BadBody(f"IDENTIFY msg timeout ({msg_timeout}) is invalid")
     settings = replace(
         base, client_id=data["client_id"], hostname=data["hostname"], user_agent=data["user_agent"],
@@ -121,17 +118,18 @@ def _heartbeat(value: int, base: ClientSettings, server: ServerSettings) -> int:
         return 0
     if value == 0:
         return base.heartbeat_interval_ms
-    if 1000 <= value <= server.max_heartbeat_interval_ms:
+    if 1000 <= value <= server.limits.max_heartbeat_interval_ms:
         return value
     raise BadBody(f"IDENTIFY heartbeat interval ({value}) is invalid")
 
 
 def _output_buffer(size: int, timeout: int, base: ClientSettings, server: ServerSettings) -> tuple[int, int]:
+    limits = server.limits
     if timeout == -1:
         new_timeout = 0
     elif timeout == 0:
         new_timeout = base.output_buffer_timeout_ms
-    elif server.min_output_buffer_timeout_ms <= timeout <= server.max_output_buffer_timeout_ms:
+    elif limits.min_output_buffer_timeout_ms <= timeout <= limits.max_output_buffer_timeout_ms:
         new_timeout = timeout
     else:
         raise BadBody(f"IDENTIFY output buffer timeout ({timeout}) is invalid")
@@ -139,7 +137,7 @@ def _output_buffer(size: int, timeout: int, base: ClientSettings, server: Server
         return 1, 0  # unbuffered: every write goes straight out
     if size == 0:
         return base.output_buffer_size, new_timeout
-    if 64 <= size <= server.max_output_buffer_size:
+    if 64 <= size <= limits.max_output_buffer_size:
         return size, new_timeout
     raise BadBody(f"IDENTIFY output buffer size ({size}) is invalid")
 
@@ -149,15 +147,16 @@ def _negotiate_features(settings: ClientSettings, data: dict,
     tls = server.tls_available and data["tls_v1"]
     deflate = server.deflate_enabled and data["deflate"]
     snappy = server.snappy_enabled and data["snappy"]
-    level = data["deflate_level"] if deflate and data["deflate_level"] > 0 else 6
-    level = min(level, server.max_deflate_level)
+    limits = server.limits
+    level = data["deflate_level"] if deflate and data["deflate_level"] > 0 else DEFAULT_DEFLATE_LEVEL
+    level = min(level, limits.max_deflate_level)
     if deflate and snappy:
         raise IdentifyFailed("cannot enable both deflate and snappy compression")
     settings = replace(settings, tls_v1=tls, deflate=deflate, snappy=snappy, deflate_level=level)
     response = {
-        "max_rdy_count": server.max_rdy_count, "version": server.version,
-        "max_msg_timeout": server.max_msg_timeout_ms, "msg_timeout": settings.msg_timeout_ms,
-        "tls_v1": tls, "deflate": deflate, "deflate_level": level, "max_deflate_level": server.max_deflate_level,
+        "max_rdy_count": limits.max_rdy_count, "version": server.version,
+        "max_msg_timeout": limits.max_msg_timeout_ms, "msg_timeout": settings.msg_timeout_ms,
+        "tls_v1": tls, "deflate": deflate, "deflate_level": level, "max_deflate_level": limits.max_deflate_level,
         "snappy": snappy, "sample_rate": settings.sample_rate, "auth_required": server.auth_required,
         "output_buffer_size": settings.output_buffer_size,
         "output_buffer_timeout": settings.output_buffer_timeout_ms,

@@ -8,6 +8,10 @@ reader (`v2_bodies`) until the body is complete. The parser checks everything ns
 command, in nsqd's order: the client state (it tracks the state itself, see `states`), the parameter count,
 names, numbers, message IDs and sizes. It yields commands only once they are complete and valid.
 
+The limits it checks are a `nsqpy.protocol.limits.Limits` (nsqd's defaults, or `NsqdOptions.limits()` in the
+broker: the same object IDENTIFY reads). Durations there are whole ms; a REQ or DPUB timeout is compared in Go's
+form, `ms * time.Millisecond` wrapped as int64, against the limit times one millisecond.
+
 Two batch paths keep per-message work out of Python:
 * a run of two or more `FIN` lines is split by one kernel call into one `FinBatch`;
 * a run of two or more `RDY` lines becomes one `Rdy` holding the last count (each count is still checked).
@@ -35,7 +39,6 @@ for IDENTIFY/AUTH, max_msg_size for PUB/DPUB) or a partial MPUB (at most max_bod
 
 from __future__ import annotations
 
-from dataclasses import dataclass
 from typing import Iterator
 
 import numpy as np
@@ -45,6 +48,7 @@ from nsqpy.protocol.commands import (
     Auth, Cls, Dpub, Fin, FinBatch, Identify, Nop, Pub, Rdy, Req, Sub, Touch)
 from nsqpy.protocol.errors import (
     BadChannel, BadProtocol, BadTopic, DropConnection, Invalid, ProtocolError, go_quote, raw_text)
+from nsqpy.protocol.limits import MS as _MS, Limits
 from nsqpy.protocol.names import is_valid_name, parse_base10, wrap_int64
 from nsqpy.protocol.states import (
     IGNORED_IN, STATE_CLOSING, STATE_INIT, STATE_SUBSCRIBED, TRANSITIONS, check_state)
@@ -56,17 +60,6 @@ MAGIC_V2 = b"  V2"
 MAX_LINE = 16384       # nsqd's bufio read buffer: a line (with its "\n") longer than this drops the connection
 _FIN_LINE = 21         # the shortest FIN line: "FIN " + 16 + "\n"
 _MAX_FIN_BATCH = 65536  # caps one FinBatch's arrays (1.6 MB); a longer run in one chunk gives several batches
-_MS = 1_000_000
-
-
-@dataclass(frozen=True, slots=True)
-class Limits:
-    """The nsqd options the parser enforces (NSQ's defaults). Plain ints so the codec needs no config."""
-
-    max_msg_size: int = 1048576
-    max_body_size: int = 5242880
-    max_rdy_count: int = 2500
-    max_req_timeout_ms: int = 3_600_000
 
 
 class V2Parser:

@@ -64,8 +64,8 @@ def test_every_nsq_option_is_classified_once():
 
 
 def _sources():
-    files = [*ROOT.glob("workers/*.py"), *ROOT.glob("nsqpy/protocol/*.py"), ROOT / "nsqpy/config/nsqd.py",
-             *ROOT.glob("http_api/*.py")]
+    files = [*ROOT.glob("workers/**/*.py"), *ROOT.glob("nsqpy/protocol/*.py"), ROOT / "nsqpy/config/nsqd.py",
+             *ROOT.glob("http_api/**/*.py")]  # workers/ and http_api/ have sub-packages
     return "\n".join(path.read_text() for path in files)
 
 

@@ -6,6 +6,7 @@ import pytest
 
 from nsqpy.protocol.errors import BadBody, IdentifyFailed
 from nsqpy.protocol.identify import ServerSettings, default_client_settings, negotiate_identify
+from nsqpy.protocol.limits import Limits
 
 SERVER = ServerSettings()
 
@@ -32,7 +33,8 @@ def test_feature_negotiation_response_bytes():
 
 
 def test_response_reflects_negotiated_values():
-    server = ServerSettings(tls_available=True, auth_required=True, max_deflate_level=9, topology_in_response=True)
+    server = ServerSettings(Limits(max_deflate_level=9), tls_available=True, auth_required=True,
+                            topology_in_response=True)
     settings, reply = negotiate(server, feature_negotiation=True, tls_v1=True, deflate=True, deflate_level=8,
                                 sample_rate=50, msg_timeout=5000, output_buffer_size=128,
                                 output_buffer_timeout=100, topology_zone="z")
@@ -62,7 +64,7 @@ def test_upgrades_need_feature_negotiation():
 
 @pytest.mark.parametrize("level, max_level, expected", [(0, 6, 6), (-3, 6, 6), (3, 6, 3), (9, 6, 6), (0, 4, 4)])
 def test_deflate_level(level, max_level, expected):
-    settings, reply = negotiate(ServerSettings(max_deflate_level=max_level), feature_negotiation=True,
+    settings, reply = negotiate(ServerSettings(Limits(max_deflate_level=max_level)), feature_negotiation=True,
                                 deflate=True, deflate_level=level)
     assert settings.deflate_level == expected == json.loads(reply)["deflate_level"]
 

@@ -38,8 +38,6 @@ import traceback
 import numpy as np
 
 from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
-from nsqpy.protocol.identify import ServerSettings
-from nsqpy.protocol.v2_parser import Limits
 from nsqpy.workers.domain.deferred import DeferredStore, ShmChunks
 from nsqpy.workers.storage.sync_policy import Durability
 from nsqpy.workers.lane.fastlane import FastLane
@@ -69,19 +67,9 @@ def _nothing():
 
 
 def server_settings(opts):
-    ms = 1_000_000
-    return ServerSettings(
-        max_heartbeat_interval_ms=opts.max_heartbeat_interval // ms,
-        max_output_buffer_size=opts.max_output_buffer_size,
-        min_output_buffer_timeout_ms=opts.min_output_buffer_timeout // ms,
-        max_output_buffer_timeout_ms=opts.max_output_buffer_timeout // ms,
-        output_buffer_timeout_ms=opts.output_buffer_timeout // ms,
-        max_msg_timeout_ms=opts.max_msg_timeout // ms,
-        msg_timeout_ms=opts.msg_timeout // ms,
-        max_rdy_count=opts.max_rdy_count,
-        tls_available=bool(opts.tls_cert), snappy_enabled=opts.snappy, deflate_enabled=opts.deflate,
-        max_deflate_level=opts.max_deflate_level, auth_required=bool(opts.auth_http_address),
-        tls_required=opts.tls_required != 0)  # TLSRequired.NOT_REQUIRED; tcp-https still requires it on TCP
+    """IDENTIFY's settings: the options' limits (NsqdOptions.limits, the one derivation, which the parser shares
+    through ``.limits``) and their features."""
+    return opts.server_settings()
 
 
 class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, Persistence, Durability):
@@ -94,9 +82,8 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.log = log
         self.data_path = plan.data_path
         self.loop = Loop(log)
-        lim = self.opts.limits()
-        self.limits = Limits(lim.max_msg_size, lim.max_body_size, lim.max_rdy_count, lim.max_req_timeout_ms)
         self.server_settings = server_settings(self.opts)
+        self.limits = self.server_settings.limits  # the parser's: the same object IDENTIFY checks against
         self.inflight = plan.inflight[index]
         self.directory = plan.meta[index]
         self.control = plan.control
