@@ -41,7 +41,7 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 
 __all__ = [
     "load_acquire", "store_release", "cas", "fetch_add", "fence", "cpu_pause", "copy_bytes", "get_word", "put_word",
@@ -212,3 +212,10 @@ def py_cas(arr, i, expected, new):
 @njit(nogil=True, **JIT)
 def py_fetch_add(arr, i, delta):
     return fetch_add(arr, i, delta)
+
+
+@warm_up_step
+def warm_up():
+    """The Python-callable atomics the broker uses: the control block's counters (workers/control/block.py)."""
+    import numpy as np
+    py_fetch_add(np.zeros(1, np.int64), 0, 1)

@@ -7,7 +7,7 @@ that saving or loading a million messages is a few calls, not a Python loop per 
 """
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE  # (importing ipc fixes numba's cache directory first)
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step  # (importing ipc fixes numba's cache directory first)
 
 MESSAGE_HEADER = 26
 OK, CUT, BAD_LENGTH = 0, 1, 2   # scan_records: stopped at the limit / at a record cut short / at a bad length
@@ -84,3 +84,14 @@ def scan_records(buf, start, limit, max_message, out_off, out_len, out_ts, out_a
         n += 1
         pos = at + size
     return n, pos, OK
+
+
+@warm_up_step
+def warm_up():
+    """The go-diskqueue conversions as persistence calls them (workers/lane/warmup.py schedules this)."""
+    import numpy as np
+    frame = np.frombuffer(b"\x00\x00\x00\x1f\x00\x00\x00\x02" + bytes(8) + bytes(2) + b"0123456789abcdef" + b"x",
+                          np.uint8).copy()
+    end = frames_to_records(frame, len(frame))
+    cols = [np.zeros(2, np.int64) for _ in range(5)]
+    scan_records(np.frombuffer(frame.tobytes(), np.uint8), 0, end, 1 << 20, *cols)  # a file's bytes: read-only

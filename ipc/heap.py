@@ -59,7 +59,7 @@ from __future__ import annotations
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step
 from nsqpy.ipc.atomics import py_load_acquire, py_store_release
 from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
@@ -448,3 +448,11 @@ class TimerHeap:
         if st == ST_PRESENT:
             raise ValueError(f"handle {handle} is already in the heap")
         raise ValueError(f"handle {handle} outside [0, {self.pos.shape[0]}) (of {self.n_handles})")
+
+
+@warm_up_step
+def warm_up():
+    """The heap's kernels as the scanner calls them (workers/lane/warmup.py schedules this before fork)."""
+    heap = TimerHeap.create(bytearray(heap_nbytes(64, 64)), 0, 64, 64)
+    heap.peek_and_shift(100, np.empty(8, np.int64), np.empty(8, np.int64))
+    heap.clear()

@@ -70,7 +70,7 @@ from typing import NamedTuple
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step
 from nsqpy.ipc.atomics import py_load_acquire, py_store_release, store_release
 from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, LayoutError, check_header, magic, stamp_header, words
 
@@ -634,3 +634,20 @@ def _as_i64(ids: np.ndarray) -> np.ndarray:
 
 def _id_i64(msg_id: int) -> int:
     return msg_id - (1 << 64) if msg_id >= (1 << 63) else msg_id
+
+
+@warm_up_step
+def warm_up():
+    """The table's kernels as a worker calls them (workers/lane/warmup.py schedules this before fork)."""
+    table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
+    ids = np.array([11, 12, 13], np.uint64).view(np.int64)
+    slots = np.empty(3, np.int64)
+    table.start_batch(1, 1, 5, 0, 10, ids, np.array([0, 8, 16], np.int64), np.ones(3, np.int64), slots)
+    table.finish_batch(1, ids[:1], 5, np.empty(1, np.int64), np.empty(1, np.int64))
+    s = table.lookup(1, 12, 5)
+    table.touch(s, 20)
+    table.requeue(s, 0)
+    table.redeliver(s, 5, 0, 30)
+    table.iter_conn(5)
+    table.release(s)  # a requeued message handed back to its channel
+    table.recover()

@@ -59,6 +59,7 @@ Error handling: kernels return status codes; this class turns them into ``LogFul
 """
 from __future__ import annotations
 
+import contextlib
 import errno
 import mmap
 import os
@@ -75,6 +76,7 @@ from nsqpy.ipc.msglog_layout import (BAD_POSITION, CH_LOW_WATER, C_CURSOR, DEFAU
                                TAIL, TIER_DISK, TIER_MEM, TOO_BIG, VERSION, INITIAL_WINDOW, WINDOW, channel_base,
                                check_geometry, ctrl_nbytes, ctrl_words, table_at, window_slots)
 from nsqpy.ipc.msglog_window import SegmentWindow
+from nsqpy.ipc.numba_cache import warm_up_step
 from nsqpy.ipc.shm import Segment, SegmentError, SegmentProvider, check_shm_room, open_segment_fd, unlink_name
 
 __all__ = ["MessageLog", "LogCounters", "ShmSegmentProvider", "ReadBatch", "LogError", "LogFull", "LogNoSpace",
@@ -699,3 +701,60 @@ class MessageLog(LogCounters):
         if end == NO_SPACE_OUT:
             raise ValueError("output buffer too small for the frames")
         return end
+
+
+# ---- warm-up (nsqpy.ipc.numba_cache.warm_up_step; workers/lane/warmup.py schedules it) ------------------------------
+@contextlib.contextmanager
+def throwaway_log(name):
+    """A message log of one segment in shared memory (-> (log, ctrl buffer, provider)), destroyed after: what the
+    warm-up steps of the log's kernels and of their callers run on."""
+    size = 1 << 20
+    ctrl = Segment.create(f"{name}-ctrl", log_ctrl_nbytes(size, size))
+    memory = ShmSegmentProvider(f"{name}-log")
+    log = MessageLog.create(ctrl.buf, 0, segment_size=size, mem_bytes=size, memory=memory)
+    try:
+        yield log, ctrl.buf, memory
+    finally:
+        log.destroy()
+        ctrl.close()
+        ctrl.unlink()
+        unlink_name(f"{name}-ctrl")
+
+
+@warm_up_step(shm=True)
+def warm_up(prefix):
+    """The log's kernels as a worker calls them: append, read, frame, advance, copy-forward, depth, reclaim,
+    attach and recover, a channel opened and closed."""
+    with throwaway_log(f"{prefix}-warmup") as (log, ctrl_buf, memory):
+        ch = log.open_channel()
+        log.waiting()  # a log with a message budget asks at each new segment (open_channels, depth)
+        log.append_batch(np.frombuffer(b"hello world", np.uint8).copy(),  # MessageLog passes any source read-only
+                         np.array([0, 6], np.int64), np.array([5, 5], np.int64), np.zeros(2, np.int64),
+                         np.array([1, 2], np.int64), None)
+        b = log.read(ch, 8, 1 << 20)
+        log.records_at(b.positions[:1])
+        log.cursor(ch)
+        log.write_frames(np.empty(1024, np.uint8), 0, b.positions[:b.n], b.attempts[:b.n] + 1)
+        log.advance(ch, b.next_position)
+        log.copy_forward(ch, b.positions[:1], 1)
+        log.copy_forward(ch, b.positions[1:2], 1, parked=True)
+        log.depth(ch)
+        log.set_low_water(ch, int(b.positions[0]))
+        log.reclaim()
+        MessageLog.attach(ctrl_buf, 0, memory).recover()
+        log.close_channel(ch)  # a deleted channel, or one a restarted worker finds half made
+
+
+@warm_up_step(shm=True, deferred="rare")
+def warm_up_rare(prefix):
+    """The log's kernels of rare paths, none needed to listen: a channel's saved queue loaded at a worker's start,
+    a crashed worker's channel rewound (salvage), a topic emptied without channels, the head's segment sealed when
+    its tier cannot grow."""
+    with throwaway_log(f"{prefix}-warmup-rare") as (log, _, _):
+        ch = log.open_channel()
+        one = np.ones(1, np.int64)
+        at = log.append_private(ch, np.frombuffer(b"queued", np.uint8), one * 0, one * 6, one, one, one, one * 0)
+        log.rewind(ch, int(at[0]))
+        log.close_channel(ch)
+        log.drop_backlog()
+        K.seal_segment(log.ctrl, log.window.data64)  # a direct call: a tier without room is hard to stage

@@ -55,7 +55,7 @@ from pathlib import Path
 
 from numba.core.caching import _CacheLocator  # the base of numba's cache locators
 
-__all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JIT_CALLEE", "source_roots",
+__all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JIT_CALLEE", "warm_up_step", "source_roots",
            "SourceTreeLocator"]
 
 # numba.njit's options for every kernel of ours (`@njit(..., **JIT)`): cached (above), and without the C-callable
@@ -67,6 +67,22 @@ __all__ = ["configure", "CACHE_DIR", "CACHE_ENABLED", "KERNEL_CACHE", "JIT", "JI
 # tests/workers/test_kernel_options.py fails when code outside a kernel names one.
 JIT = dict(cache=True, no_cfunc_wrapper=True)
 JIT_CALLEE = dict(JIT, no_cpython_wrapper=True)
+
+
+def warm_up_step(fn=None, *, shm=False, waits_for=(), deferred=None):
+    """Declare ``fn`` a warm-up step of its module, next to the kernels it compiles: called before the broker forks
+    (``workers/lane/warmup.py`` collects every kernel module's ``WARM_UP`` list, which this appends to, and only
+    schedules them), it compiles or loads that module's kernels by driving them with the argument types the broker
+    passes. ``shm``: fn takes one argument, a shared-memory name prefix for throwaway segments. ``waits_for``: steps
+    whose kernels fn's kernels call (when steps compile in parallel it waits for them, and loads theirs instead of
+    compiling them again). ``deferred``: None (needed before nsqd listens), "lane" (the forward lane: compiled in
+    the background on a first start, the workers switch the lane on once it is done) or "rare" (rare paths,
+    compiled in the background on a first start, after the lane)."""
+    def declare(f):
+        f.warm_up_shm, f.warm_up_waits_for, f.warm_up_deferred = bool(shm), tuple(waits_for), deferred
+        sys.modules[f.__module__].__dict__.setdefault("WARM_UP", []).append(f)
+        return f
+    return declare if fn is None else declare(fn)
 
 CACHE_DIR: str | None = None
 CACHE_ENABLED: bool = False

@@ -72,7 +72,7 @@ import time
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step
 from nsqpy.ipc.atomics import copy_bytes, get_word, load_acquire, put_word, py_load_acquire, store_release
 from nsqpy.ipc.layout import (H_PARAMS, LINE, LINE_WORDS, align_up, bytes_view, check_header, is_power_of_two,
                         line_words, magic, read_only, stamp_header, words)
@@ -524,3 +524,33 @@ class Ring:
         """Nothing committed that the consumer has not released."""
         return int(py_load_acquire(self.ctl, P_TAIL)) == int(py_load_acquire(self.ctl, C_HEAD))
 
+
+
+def _ring_with_a_record():
+    """-> (buffer, ring) of a small ring holding one record (the warm-up's)."""
+    buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
+    ring = Ring.create(buf, 0, 1 << 12)
+    ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)  # Ring.write passes any payload read-only
+    return buf, ring
+
+
+@warm_up_step
+def warm_up():
+    """The ring's kernels as its producers and reader call them (workers/lane/warmup.py schedules this)."""
+    buf, ring = _ring_with_a_record()
+    Ring.attach(buf, 0, 1 << 12, Ring.PRODUCER)  # each child recovers the ends of its rings at its start
+    Ring.attach(buf, 0, 1 << 12, Ring.CONSUMER)
+    ring.can_claim(3)
+    record_size(3)  # a forwarding link's test for room (workers/publishing/links.py)
+    ring.read_batch(16)
+    ring.release()
+    ring.readable()
+    ring.free()
+
+
+@warm_up_step(deferred="rare")
+def warm_up_rare():
+    """A release up to a position: a link that refused a record offers it again (rare)."""
+    _, ring = _ring_with_a_record()
+    ring.read_batch(16)
+    ring.release(int(ring.ctl[C_READ]))

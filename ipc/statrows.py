@@ -48,7 +48,7 @@ import errno
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc.atomics import cpu_pause, fence, load_acquire, py_fetch_add, py_load_acquire, py_store_release, \
     store_release
 from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
@@ -440,6 +440,7 @@ def writer_alive(board: Board, writer: int) -> bool:
     return pid > 0 and _start_time(pid) == board.word(writer, B_PID_START)
 
 
+@warm_up_step
 def warm_up() -> None:
     """Compile (or load) the kernels on throwaway memory, in the supervisor before fork."""
     tbl = np.zeros(ROWS_AT + 4 * ROW_WORDS, np.int64)

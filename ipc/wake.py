@@ -36,7 +36,7 @@ import select
 
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc.atomics import cas, fence, fetch_add, load_acquire, store_release
 from nsqpy.ipc.layout import LINE, LINE_WORDS, check_header, line_words, magic, stamp_header, words
 
@@ -152,3 +152,11 @@ class Wakeups:
         ready = poller.poll(None if timeout is None else timeout * 1000)
         self.woke(reader)
         return bool(ready) or has_work()
+
+
+@warm_up_step
+def warm_up():
+    """The wake-up flags' kernels (workers/lane/warmup.py schedules this before fork)."""
+    wake = Wakeups.create(bytearray(Wakeups.size_for(1)), 0, [-1])
+    wake.prepare_sleep(0, lambda: True)
+    wake_check(wake.flags, 0)  # notify's test (notify itself would write to the eventfd, -1 here)

@@ -43,6 +43,7 @@ from typing import Iterator
 
 import numpy as np
 
+from nsqpy.ipc.numba_cache import warm_up_step
 from nsqpy.protocol import kernels
 from nsqpy.protocol.commands import (
     Auth, Cls, Dpub, Fin, FinBatch, Identify, Nop, Pub, Rdy, Req, Sub, Touch)
@@ -326,3 +327,21 @@ def iter_commands(parser: V2Parser, chunk: bytes) -> Iterator:
         if isinstance(item, ProtocolError):
             raise item
         yield item
+
+
+@warm_up_step
+def warm_up():
+    """The V2 codec's kernels (nsqpy/protocol/kernels.py) as a worker's parser and ID generator call them: SUB, RDY,
+    a batch of FINs (fin_run), REQ, TOUCH, NOP, MPUB, PUB, DPUB, message IDs (workers/lane/warmup.py schedules
+    this before fork)."""
+    import time
+    from nsqpy.protocol import client as enc
+    from nsqpy.protocol.ids import IdGenerator
+    one = b"0123456789abcdef"
+    stream = (b"  V2" + enc.sub("t", "c") + enc.rdy(5) + enc.rdy(6) + enc.fin(one) + enc.fin(one) + enc.fin(one)
+              + enc.req(one, 0) + enc.touch(one) + enc.nop())
+    sub = V2Parser(stop_after_sub=True)
+    sub.feed(stream)
+    sub.feed(b"")  # the FINs after the SUB: the batched FIN kernel (fin_run)
+    V2Parser(expect_magic=False).feed(enc.mpub("t", [b"a", b"bc"]) + enc.pub("t", b"x") + enc.dpub("t", 5, b"y"))
+    IdGenerator(1).next_ids(4, time.time_ns())

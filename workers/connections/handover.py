@@ -13,7 +13,7 @@ import socket
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc.fdpass import PeerGone
 from nsqpy.workers.connections.auth import AuthState
 from nsqpy.protocol.errors import ProtocolError
@@ -201,3 +201,9 @@ class Connections:
             self.control.add_connections(self.index, -1)
             if s.moved_in:
                 self.control.add_moved_in(self.index, -1)
+
+
+@warm_up_step
+def warm_up():
+    """The Python path's count of a forward (workers/publishing/forwarding.py; the lane's is compiled with it)."""
+    OwnerNaps(2).saw(1, True)

@@ -32,6 +32,7 @@ import errno
 
 from nsqpy.ipc.heap import TimerHeap, heap_nbytes
 from nsqpy.ipc.layout import LayoutError
+from nsqpy.ipc.numba_cache import warm_up_step
 from nsqpy.ipc.shm import Segment, SegmentError, segment_name, unlink_name
 
 CHUNK = 1 << 14          # entries per chunk (1 MiB of shared memory)
@@ -313,3 +314,25 @@ class DeferredStore:
     def destroy(self):
         self.rows = []
         self._chunks.destroy()
+
+
+@warm_up_step
+def warm_up():
+    """The heap's kernels with the store's argument types (workers/lane/warmup.py schedules this before fork)."""
+    store = DeferredStore(LocalChunks())
+    ids = np.arange(3, dtype=np.int64)
+    idx = store.add(1, 1, ids, ids * 8, np.zeros(3, np.int64), np.array([5, 1, 9], np.int64))
+    store.free(store.due(5))
+    store.earliest()
+    store.low_water(np.full(4, 1 << 62, np.int64))
+    store.free(idx[2:])
+    store.recover()
+
+
+@warm_up_step(deferred="rare")
+def warm_up_rare():
+    """A restarted worker's store rebuilding its heap from entries still waiting (rare)."""
+    store = DeferredStore(LocalChunks())
+    ids = np.arange(2, dtype=np.int64)
+    store.add(1, 1, ids, ids * 8, np.zeros(2, np.int64), np.array([5, 9], np.int64))
+    store.recover()

@@ -55,7 +55,7 @@ import time
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc import msglog_kernels as MK
 from nsqpy.ipc.msglog_layout import C_CURSOR, S_BACKLOG, S_BACKLOG_SEQ, S_HEAD, S_HEAD_SEQ, table_at
 from nsqpy.ipc.statrows import COPY_A, R_BODY, RowWriter
@@ -521,6 +521,7 @@ def _log_numbers(ctrl, slots, out):
         out[5 + 2 * k] = MK.cursor_snapshot(ctrl, slots[k], C_CURSOR)
 
 
+@warm_up_step
 def warm_up():
     """Compile (or load) this module's kernel in the supervisor before fork (workers/lane/warmup.py), and the FIN
     hook's of workers/domain/e2e.py."""

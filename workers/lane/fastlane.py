@@ -68,11 +68,12 @@ import zlib
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step
 from nsqpy.ipc import sysio as S
 from nsqpy.ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
 from nsqpy.ipc.wake import wake_check
 from nsqpy.workers.connections.handover import owner_nap
+from nsqpy.workers.lane import kernels as lane_kernels, pump as lane_pump
 from nsqpy.workers.lane.ownpath import idle_args, own_fin, own_publish
 from nsqpy.workers.lane.pump import _read, _settle_and_send
 from nsqpy.workers.lane.words import (CN_OTHER, CN_STAGED, CN_TOPICS, MAX_EVENTS, MAX_FINS, OW_ARMED, OW_FINS, OW_T,
@@ -369,6 +370,8 @@ class LaneRig:
             os.close(fd)
 
 
+# its kernels call the delivery round's and the pump's: compiled in parallel, it waits for those, and loads them
+@warm_up_step(deferred="lane", waits_for=(lane_kernels.warm_up, lane_pump.warm_up))
 def warm_up():
     """Compile (or load) the lane with the broker's argument types: a forward, a publish it leaves to Python, a
     foreign event and a timeout."""

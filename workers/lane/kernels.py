@@ -7,7 +7,7 @@ writer and these run in the worker, so plain loads are enough.
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc.inflight import (C_N_LIVE, DEFERRED, F_ATTEMPTS, FREE, HALF_WORDS, REQUEUED, S_CHANNEL, S_HALF0,
                           S_LOG_POS, S_TAG, SLOT_WORDS, inflight_start_batch)
 from nsqpy.ipc.msglog_kernels import advance, read_channel, write_frames
@@ -120,3 +120,28 @@ def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, tabl
     if fd >= 0:
         sent = max(S.send_from(fd, out, start, end), start)
     return n, end, sent
+
+
+@warm_up_step(shm=True)
+def warm_up(prefix):
+    """A compiled delivery round as ``Channel._deliver_round`` calls it, and the bulk reads of the in-flight table
+    (workers/lane/warmup.py schedules this before fork)."""
+    import time
+    from nsqpy.ipc.inflight import InFlightTable, inflight_nbytes
+    from nsqpy.ipc.msglog import throwaway_log
+    with throwaway_log(f"{prefix}-warmup-round") as (log, _, _):
+        ch = log.open_channel()
+        log.append(b"hello", time.time_ns(), 1)
+        table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
+        win, words = log.window, np.zeros(16, np.int64)
+        deliver_round(log.ctrl, win.data, win.data64, ch, 8, 1 << 20, time.time_ns(), time.time_ns() + 10**9,
+                      table.ctl, table.slots, table.index, 1, 1, 5, *log.read_arrays(8), np.empty(8, np.int64),
+                      np.empty(1024, np.uint8), words, 0, -1)
+    table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
+    ids = np.array([11, 12, 13], np.uint64).view(np.int64)
+    slots = np.empty(3, np.int64)
+    table.start_batch(1, 1, 5, 0, 10, ids, np.array([0, 8, 16], np.int64), np.ones(3, np.int64), slots)
+    generations(table, slots[1:])
+    low_water(table.slots, np.full(4, 1 << 62, np.int64))
+    slots_of_channel(table.slots, 1, np.empty(4, np.int64))
+    waiting_positions(table.slots, slots[1:], np.empty(2, np.int64))

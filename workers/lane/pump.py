@@ -59,7 +59,7 @@ import numpy as np
 from numba import int64, njit
 
 from nsqpy.ipc.layout import read_only
-from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step
 from nsqpy.ipc import sysio as S
 from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
@@ -514,3 +514,32 @@ class Pump:
 
     def close(self):
         self.ep.close()
+
+
+@warm_up_step
+def warm_up():
+    """The pump's kernels with the broker's argument types: a read that stages a lone PUB, its commit and OK
+    (workers/lane/warmup.py schedules this before fork)."""
+    import socket
+    from nsqpy.protocol import client as enc
+    from nsqpy.workers.publishing.records import pack_forward
+    here, there = socket.socketpair()
+    pump = Pump(1 << 20)
+    try:
+        here.setblocking(False)
+        peer = PumpPeer(here.fileno())
+        pump.add(peer, time.monotonic())
+        pump.clean[peer.fd] = 1
+        pump.learn_topic("t", 0)
+        there.sendall(enc.pub("t", b"x"))
+        select.select([here], [], [], 5)
+        pump.read()
+        out = np.empty(64, np.uint8)
+        pump.commit(lambda topic, buf, offsets, lengths: pack_forward(out, b"t", buf, offsets, lengths, 0, 0).size > 0,
+                    lambda session, worker: None)
+        there.recv(64)
+        pump.remove(peer)
+    finally:
+        pump.close()
+        here.close()
+        there.close()

@@ -8,241 +8,43 @@ One exception, on a first start only (a cold cache): the DEFERRED steps (the for
 paths) compile in a background process while nsqd starts and listens, and each worker switches the lane on once
 it is in the cache (``Background``); until then the loop's Python path does its work.
 """
-import contextlib
 import functools
 import mmap
 import os
-import select
 import signal
-import socket
 import time
 
-import numpy as np
+from nsqpy.ipc import atomics, diskqueue_kernels, heap, inflight, msglog, ring, statrows, wake
+from nsqpy.ipc.msglog import throwaway_log as _throwaway_log  # noqa: F401 (tests drive their logs with it)
+from nsqpy.protocol import v2_parser
+from nsqpy.workers.connections import handover
+from nsqpy.workers.domain import deferred, stats_rows
+from nsqpy.workers.lane import fastlane, kernels, pump
+from nsqpy.workers.processes import scanner
+from nsqpy.workers.publishing import links, records
 
-from nsqpy.ipc.atomics import py_fetch_add
-from nsqpy.ipc.heap import TimerHeap, heap_nbytes
-from nsqpy.ipc.inflight import InFlightTable, inflight_nbytes
-from nsqpy.ipc import msglog_kernels as LK
-from nsqpy.ipc.msglog import MessageLog, ShmSegmentProvider, log_ctrl_nbytes
-from nsqpy.ipc.ring import C_READ, Ring, record_size
-from nsqpy.ipc.shm import Segment, unlink_name
-from nsqpy.ipc import statrows
-from nsqpy.ipc.wake import Wakeups, wake_check
-from nsqpy.workers.publishing.links import Pending
-from nsqpy.protocol import client as enc
-from nsqpy.protocol.ids import IdGenerator
-from nsqpy.protocol.v2_parser import V2Parser
-from nsqpy.workers.lane import fastlane
-from nsqpy.workers.lane import kernels as K
-from nsqpy.workers.publishing import records
-from nsqpy.workers.domain import stats_rows as stats
-from nsqpy.workers.domain.deferred import DeferredStore, LocalChunks
-from nsqpy.workers.connections.handover import OwnerNaps
-from nsqpy.workers.lane.pump import Pump, PumpPeer
-from nsqpy.workers.processes.scanner import apply_removes, apply_starts
-
-ID = b"0123456789abcdef"
+# The modules whose kernels the broker's processes call, each declaring its warm-up steps beside its kernels
+# (``nsqpy.ipc.numba_cache.warm_up_step``: a module-level WARM_UP list). The order is the compiling processes': the
+# costliest first, but a step that calls kernels of an earlier one late enough that, on 2 cores, it finds them in
+# the cache instead of compiling them at the same time in the other process: the log's after the delivery round's
+# (the append), the records' after the rings' (the ring's write), and the forward lane's after the steps whose
+# kernels it calls (it waits for them: its ``waits_for``; on a cold cache it compiles in the background, after all
+# of them). A new kernel in one of these modules needs a call in that module's step; a new kernel module, a line here
+# (tests/workers/test_warmup_signatures.py fails on a kernel no step compiles).
+MODULES = (kernels, pump, inflight, msglog, fastlane, ring, heap, records, deferred, stats_rows, v2_parser,
+           diskqueue_kernels, statrows, wake, atomics, links, handover, scanner)
 
 
-def _protocol():
-    stream = (b"  V2" + enc.sub("t", "c") + enc.rdy(5) + enc.rdy(6) + enc.fin(ID) + enc.fin(ID) + enc.fin(ID)
-              + enc.req(ID, 0) + enc.touch(ID) + enc.nop())
-    sub = V2Parser(stop_after_sub=True)
-    sub.feed(stream)
-    sub.feed(b"")  # the FINs after the SUB: the batched FIN kernel (fin_run)
-    V2Parser(expect_magic=False).feed(enc.mpub("t", [b"a", b"bc"]) + enc.pub("t", b"x") + enc.dpub("t", 5, b"y"))
-    IdGenerator(1).next_ids(4, time.time_ns())
-
-
-def _ring_with_a_record():
-    """-> (buffer, ring) of a small ring holding one record."""
-    buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
-    ring = Ring.create(buf, 0, 1 << 12)
-    ring.write(np.frombuffer(b"abc", np.uint8).copy(), 1)  # Ring.write passes any payload read-only
-    return buf, ring
-
-
-def _rings():
-    buf, ring = _ring_with_a_record()
-    Ring.attach(buf, 0, 1 << 12, Ring.PRODUCER)  # each child recovers the ends of its rings at its start
-    Ring.attach(buf, 0, 1 << 12, Ring.CONSUMER)
-    ring.can_claim(3)
-    record_size(3)  # a forwarding link's test for room (workers/publishing/links.py)
-    Pending(buf, [ring.ctl]).which()
-    ring.read_batch(16)
-    ring.release()
-    ring.readable()
-    ring.free()
-    wake = Wakeups.create(bytearray(Wakeups.size_for(1)), 0, [-1])
-    wake.prepare_sleep(0, lambda: True)
-    wake_check(wake.flags, 0)  # notify's test (notify itself would write to the eventfd, -1 here)
-    py_fetch_add(np.zeros(1, np.int64), 0, 1)  # the control block's counters (workers/control/block.py)
-    OwnerNaps(2).saw(1, True)  # the Python path's count of a forward (workers/publishing/forwarding.py)
-
-
-def _timers():
-    heap = TimerHeap.create(bytearray(heap_nbytes(64, 64)), 0, 64, 64)
-    apply_starts(heap.ctl, heap.keys, heap.vals, heap.pos, np.zeros(64, np.int64),
-                 np.array([[1, 1, 10], [2, 1, 20]], np.int64))
-    apply_removes(heap.ctl, heap.keys, heap.vals, heap.pos, np.array([2], np.int64))
-    heap.peek_and_shift(100, np.empty(8, np.int64), np.empty(8, np.int64))
-    heap.clear()
-
-
-def _deferred():
-    store = DeferredStore(LocalChunks())
-    ids = np.arange(3, dtype=np.int64)
-    idx = store.add(1, 1, ids, ids * 8, np.zeros(3, np.int64), np.array([5, 1, 9], np.int64))
-    store.free(store.due(5))
-    store.earliest()
-    store.low_water(np.full(4, 1 << 62, np.int64))
-    store.free(idx[2:])
-    store.recover()
-
-
-def _inflight():
-    table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
-    ids = np.array([11, 12, 13], np.uint64).view(np.int64)
-    slots = np.empty(3, np.int64)
-    table.start_batch(1, 1, 5, 0, 10, ids, np.array([0, 8, 16], np.int64), np.ones(3, np.int64), slots)
-    table.finish_batch(1, ids[:1], 5, np.empty(1, np.int64), np.empty(1, np.int64))
-    s = table.lookup(1, 12, 5)
-    table.touch(s, 20)
-    table.requeue(s, 0)
-    table.redeliver(s, 5, 0, 30)
-    table.iter_conn(5)
-    K.generations(table, slots[1:])
-    K.low_water(table.slots, np.full(4, 1 << 62, np.int64))
-    K.slots_of_channel(table.slots, 1, np.empty(4, np.int64))
-    K.waiting_positions(table.slots, slots[1:], np.empty(2, np.int64))
-    table.release(s)  # a requeued message handed back to its channel
-    table.recover()
-
-
-@contextlib.contextmanager
-def _throwaway_log(name):
-    """A message log of one segment in shared memory (-> (log, ctrl buffer, provider)), destroyed after."""
-    size = 1 << 20
-    ctrl = Segment.create(f"{name}-ctrl", log_ctrl_nbytes(size, size))
-    memory = ShmSegmentProvider(f"{name}-log")
-    log = MessageLog.create(ctrl.buf, 0, segment_size=size, mem_bytes=size, memory=memory)
-    try:
-        yield log, ctrl.buf, memory
-    finally:
-        log.destroy()
-        ctrl.close()
-        ctrl.unlink()
-        unlink_name(f"{name}-ctrl")
-
-
-def _delivery(prefix):
-    """A compiled delivery round (nsqpy.workers.lane.kernels.deliver_round), as Channel._deliver_round calls it."""
-    with _throwaway_log(f"{prefix}-warmup-round") as (log, _, _):
-        ch = log.open_channel()
-        log.append(b"hello", time.time_ns(), 1)
-        table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
-        win, words = log.window, np.zeros(16, np.int64)
-        K.deliver_round(log.ctrl, win.data, win.data64, ch, 8, 1 << 20, time.time_ns(), time.time_ns() + 10**9,
-                        table.ctl, table.slots, table.index, 1, 1, 5, *log.read_arrays(8), np.empty(8, np.int64),
-                        np.empty(1024, np.uint8), words, 0, -1)
-
-
-def _append(log, src):
-    log.append_batch(src, np.array([0, 6], np.int64), np.array([5, 5], np.int64), np.zeros(2, np.int64),
-                     np.array([1, 2], np.int64), None)
-
-
-def _log(prefix):
-    with _throwaway_log(f"{prefix}-warmup") as (log, ctrl_buf, memory):
-        ch = log.open_channel()
-        log.waiting()  # a log with a message budget asks at each new segment (open_channels, depth)
-        _append(log, np.frombuffer(b"hello world", np.uint8).copy())  # MessageLog passes any source read-only
-        b = log.read(ch, 8, 1 << 20)
-        log.records_at(b.positions[:1])
-        log.cursor(ch)
-        log.write_frames(np.empty(1024, np.uint8), 0, b.positions[:b.n], b.attempts[:b.n] + 1)
-        log.advance(ch, b.next_position)
-        log.copy_forward(ch, b.positions[:1], 1)
-        log.copy_forward(ch, b.positions[1:2], 1, parked=True)
-        log.depth(ch)
-        log.set_low_water(ch, int(b.positions[0]))
-        log.reclaim()
-        MessageLog.attach(ctrl_buf, 0, memory).recover()
-        log.close_channel(ch)  # a deleted channel, or one a restarted worker finds half made
-
-
-def _rare(prefix):
-    """Kernels of rare paths, none of them needed to listen (DEFERRED): a channel's saved queue loaded at a
-    worker's start, a crashed worker's channel rewound (salvage), a topic emptied without channels, the head's
-    segment sealed when its tier cannot grow, a link releasing part of a batch, a restarted worker's deferred
-    store rebuilding its heap."""
-    with _throwaway_log(f"{prefix}-warmup-rare") as (log, _, _):
-        ch = log.open_channel()
-        one = np.ones(1, np.int64)
-        at = log.append_private(ch, np.frombuffer(b"queued", np.uint8), one * 0, one * 6, one, one, one, one * 0)
-        log.rewind(ch, int(at[0]))
-        log.close_channel(ch)
-        log.drop_backlog()
-        LK.seal_segment(log.ctrl, log.window.data64)  # a direct call: a tier without room is hard to stage
-    _, ring = _ring_with_a_record()
-    ring.read_batch(16)
-    ring.release(int(ring.ctl[C_READ]))  # up to a position: a link that refused a record offers it again
-    store = DeferredStore(LocalChunks())
-    ids = np.arange(2, dtype=np.int64)
-    store.add(1, 1, ids, ids * 8, np.zeros(2, np.int64), np.array([5, 9], np.int64))
-    store.recover()  # entries still waiting: the heap is rebuilt from them
-
-
-def _pump():
-    here, there = socket.socketpair()
-    pump = Pump(1 << 20)
-    try:
-        here.setblocking(False)
-        peer = PumpPeer(here.fileno())
-        pump.add(peer, time.monotonic())
-        pump.clean[peer.fd] = 1
-        pump.learn_topic("t", 0)
-        there.sendall(enc.pub("t", b"x"))
-        select.select([here], [], [], 5)
-        pump.read()
-        out = np.empty(64, np.uint8)
-        pump.commit(lambda topic, buf, offsets, lengths: records.pack_forward(out, b"t", buf, offsets, lengths, 0, 0)
-                    .size > 0, lambda session, worker: None)
-        there.recv(64)
-        pump.remove(peer)
-    finally:
-        pump.close()
-        here.close()
-        there.close()
-
-
-def _persistence():
-    from nsqpy.ipc import diskqueue_kernels as DK
-    frame = np.frombuffer(enc.pub("t", b"x")[:0] + b"\x00\x00\x00\x1f\x00\x00\x00\x02" + bytes(8) + bytes(2)
-                          + b"0123456789abcdef" + b"x", np.uint8).copy()
-    end = DK.frames_to_records(frame, len(frame))
-    cols = [np.zeros(2, np.int64) for _ in range(5)]
-    DK.scan_records(np.frombuffer(frame.tobytes(), np.uint8), 0, end, 1 << 20, *cols)  # a file's bytes: read-only
+def declared():
+    """Every declared step in schedule order: MODULES' steps in their order, the rare paths' ("rare") last."""
+    steps = [f for m in MODULES for f in m.WARM_UP]
+    return [f for f in steps if f.warm_up_deferred != "rare"] + [f for f in steps if f.warm_up_deferred == "rare"]
 
 
 def _steps(prefix):
-    """The warm-up steps, in the order the compiling processes take them: the costliest first, but a step that
-    calls kernels of an earlier one late enough that, on 2 cores, it finds them in the cache instead of
-    compiling them at the same time in the other process: the log's after the delivery round's (the append), the
-    records' after the rings' (the ring's write), and the forward lane's after the steps whose kernels it calls
-    (it waits for them: ``dependencies``; on a cold cache it compiles in the background, after all of them)."""
+    """The warm-up steps as callables of no argument (a step of shared memory gets this broker's name prefix)."""
     name = prefix.rstrip("-")
-    return [functools.partial(_delivery, name), _pump, _inflight, functools.partial(_log, name), fastlane.warm_up,
-            _rings, _timers, records.warm_up, _deferred, stats.warm_up, _protocol, _persistence, statrows.warm_up,
-            functools.partial(_rare, name)]
-
-
-# A step whose kernels call kernels of other steps waits for those when the steps compile in parallel, so that it
-# loads their kernels from the cache instead of compiling them again: the lane's kernel calls the log's append
-# (for a writable source: only the lane's compile has that one), the delivery round's and the pump's kernels, and
-# compiled alone it compiles them all
-# (benchmarks/results/first_start_steps_own.json against first_start_steps_wait.json; ARCHITECTURE.md, "First start")
-WAITS_FOR = {fastlane.warm_up: (_delivery, _pump)}
+    return [functools.partial(f, name) if f.warm_up_shm else f for f in declared()]
 
 
 def _function(step):
@@ -250,10 +52,10 @@ def _function(step):
 
 
 def dependencies(steps):
-    """{index of a step: indices of the steps in ``steps`` it waits for} (``WAITS_FOR``)."""
+    """{index of a step: indices of the steps in ``steps`` it waits for} (each step's ``waits_for``)."""
     at = {_function(step): i for i, step in enumerate(steps)}
-    return {i: tuple(at[f] for f in WAITS_FOR[_function(step)])
-            for i, step in enumerate(steps) if _function(step) in WAITS_FOR}
+    return {i: tuple(at[f] for f in _function(step).warm_up_waits_for)
+            for i, step in enumerate(steps) if _function(step).warm_up_waits_for}
 
 
 WAIT_LIMIT_S = 300.0   # a step waited for longer than this (a compiling process died?) is compiled here anyway
@@ -263,7 +65,7 @@ def _compile_in_parallel(steps, queue, processes, done, log):
     """Cold cache: ``processes`` forked children take the steps at the indices ``queue`` one at a time from a
     shared queue (a pipe of step numbers, in order: whoever is free takes the next), so that numba compiles them
     on every core at once and writes them to its cache; the caller then loads them all (milliseconds each).
-    Dealing them out in fixed shares left one child with most of the work on 2 cores. A step of WAITS_FOR first
+    Dealing them out in fixed shares left one child with most of the work on 2 cores. A step of waits_for first
     waits until the steps it names are marked in ``done`` (shared memory), so that it loads their kernels instead
     of compiling them a second time. Forking here is safe: the supervisor has no thread yet and numba has compiled
     nothing."""
@@ -425,10 +227,10 @@ def _prune(log):
 # listens without waiting for them. The forward lane (workers/lane/fastlane.py: the forwards of lone PUBs and the
 # owner's own path) only makes the broker faster, beside a Python path that does the same work; it is the costliest
 # step by far, a quarter of a first start's compiling, and until it is in numba's cache the workers use the Python
-# path (Worker._lane_on_when_ready). The rare paths' kernels (_rare) are seconds of compiling too; a process that
+# path (Worker._lane_on_when_ready). The rare paths' kernels (the "rare" steps) are seconds of compiling too; a process that
 # takes such a path before the background is done compiles what it needs itself.
-LANE = (fastlane.warm_up,)
-DEFERRED = LANE + (_rare,)
+LANE = tuple(f for f in declared() if f.warm_up_deferred == "lane")
+DEFERRED = tuple(f for f in declared() if f.warm_up_deferred is not None)
 BACKGROUND_NICE = 10  # the background compile yields to a loaded broker's processes (it still gets ~10% of a core)
 FINISH_TIMEOUT = 60.0  # seconds a stopping nsqd waits for it, its last step (Background.finish)
 

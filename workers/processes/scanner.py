@@ -26,7 +26,7 @@ import time
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc.heap import heap_push, heap_remove, heap_update
 
 START, REMOVE, RESET, EXPIRED = 1, 2, 3, 4
@@ -148,3 +148,13 @@ class Scanner:
 
 def scanner_main(plan, restarted, ready_fd, log):
     Scanner(plan, restarted, log).run(ready_fd)
+
+
+@warm_up_step
+def warm_up():
+    """The scanner's kernels on a small heap (workers/lane/warmup.py schedules this before fork)."""
+    from nsqpy.ipc.heap import TimerHeap, heap_nbytes
+    heap = TimerHeap.create(bytearray(heap_nbytes(64, 64)), 0, 64, 64)
+    apply_starts(heap.ctl, heap.keys, heap.vals, heap.pos, np.zeros(64, np.int64),
+                 np.array([[1, 1, 10], [2, 1, 20]], np.int64))
+    apply_removes(heap.ctl, heap.keys, heap.vals, heap.pos, np.array([2], np.int64))

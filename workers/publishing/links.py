@@ -69,7 +69,7 @@ import time
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT
+from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc.atomics import py_load_acquire, py_store_release
 from nsqpy.ipc.layout import LINE, HEADER_WORDS, LayoutError, align_up, check_header, magic, stamp_header, words
 from nsqpy.ipc.wake import Wakeups, make_eventfd
@@ -417,3 +417,11 @@ class Pending:
     def which(self):
         """Indices (into the rings given) of those with records."""
         return self._out[:_nonempty(self._words, self._tails, self._reads, self._out)].tolist()
+
+
+@warm_up_step
+def warm_up():
+    """Pending's kernel on a small ring (workers/lane/warmup.py schedules this before fork)."""
+    buf = np.zeros(Ring.size_for(1 << 12), np.uint8)
+    ring = Ring.create(buf, 0, 1 << 12)
+    Pending(buf, [ring.ctl]).which()

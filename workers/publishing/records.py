@@ -25,7 +25,7 @@ import zlib
 import numpy as np
 from numba import njit
 
-from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE
+from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step
 from nsqpy.ipc.atomics import copy_bytes, fence, load_acquire, store_release
 from nsqpy.ipc.layout import read_only
 from nsqpy.ipc.ring import P_WANT_ROOM
@@ -260,6 +260,7 @@ def want_room(ctl):
     return load_acquire(ctl, P_WANT_ROOM) != 0
 
 
+@warm_up_step
 def warm_up():
     """Compile (or load) the kernels above before fork (workers/lane/warmup.py)."""
     from nsqpy.ipc.ring import Ring
