@@ -105,7 +105,8 @@ def create_app(deps: NsqdDeps, asgi: bool = False):
     for kind, handler in ((Exception, on_crash), (falcon.HTTPError, on_http_error), (ApiError, on_api_error)):
         app.add_error_handler(kind, async_handler(handler) if asgi else handler)
 
-    body_limit = max(deps.opts.max_body_size, deps.opts.max_msg_size) + 1
+    limits = deps.opts.limits()
+    body_limit = max(limits.max_body_size, limits.max_msg_size) + 1
     routes = [("/ping", R.Ping(deps)), ("/info", R.Info(deps)), ("/stats", R.Stats(deps)), ("/pub", R.Pub(deps)),
               ("/mpub", R.Mpub(deps))]
     for op in ("create", "delete", "empty", "pause", "unpause"):

@@ -18,7 +18,6 @@ from nsqpy.http_api.query import BOOL_PARAMS, BadQuery, parse_bool, parse_query
 from nsqpy.protocol.names import is_valid_name
 
 _LEVEL_NAMES = {"debug": 1, "info": 2, "warn": 3, "error": 4, "fatal": 5}  # lg.ParseLogLevel, any case
-_MS = 1_000_000  # nanoseconds
 _INT = re.compile(r"[+-]?[0-9]+", re.ASCII)
 
 
@@ -52,6 +51,7 @@ class _Resource:
     def __init__(self, deps):
         self.deps = deps
         self.opts = deps.opts
+        self.limits = deps.opts.limits()  # the one derivation the TCP side checks against too
 
 
 class Ping(_Resource):
@@ -99,7 +99,7 @@ def _topic_to_publish(params) -> str:
 
 class Pub(_Resource):
     def on_post(self, req, resp):
-        max_size = self.opts.max_msg_size
+        max_size = self.limits.max_msg_size
         if (req.content_length or 0) > max_size:
             raise ApiError(413, "MSG_TOO_BIG")
         body = _read(req, max_size)
@@ -115,7 +115,7 @@ class Pub(_Resource):
             if not _INT.fullmatch(raw) or not -(1 << 63) <= int(raw) < 1 << 63:  # Go's strconv.ParseInt
                 raise ApiError(400, "INVALID_DEFER")
             defer_ms = int(raw)
-            if defer_ms < 0 or defer_ms * _MS > self.opts.max_req_timeout:
+            if defer_ms < 0 or defer_ms > self.limits.max_req_timeout_ms:  # nsqd: ms * time.Millisecond > max
                 raise ApiError(400, "INVALID_DEFER")
         _publish(self.deps, topic, [body], defer_ms)
         resp.content_type = falcon.MEDIA_TEXT
@@ -124,7 +124,7 @@ class Pub(_Resource):
 
 class Mpub(_Resource):
     def on_post(self, req, resp):
-        max_body = self.opts.max_body_size
+        max_body = self.limits.max_body_size
         if (req.content_length or 0) > max_body:
             raise ApiError(413, "BODY_TOO_BIG")
         p = _params(req)
@@ -135,7 +135,7 @@ class Mpub(_Resource):
         body = _read(req, max_body)
         if len(body) > max_body:
             raise ApiError(413, "BODY_TOO_BIG")
-        bodies = _split_binary(body, self.opts) if binary else _split_lines(body, self.opts.max_msg_size)
+        bodies = _split_binary(body, self.limits) if binary else _split_lines(body, self.limits.max_msg_size)
         if bodies:
             _publish(self.deps, topic, bodies, 0)
         elif self.deps.command("topic_create", topic, None) != "OK":  # nsqd creates the topic all the same
@@ -163,13 +163,13 @@ def _split_lines(body: bytes, max_msg_size: int) -> list:
     return out
 
 
-def _split_binary(body: bytes, opts) -> list:
+def _split_binary(body: bytes, limits) -> list:
     """Binary /mpub: ``[int32 count]([int32 size][size bytes])*``, no leading body size; errors are readMPUB's
     codes without their ``E_``, all 413."""
     if len(body) < 4:
         raise ApiError(413, "BAD_BODY")
     (count,) = struct.unpack_from(">i", body, 0)
-    if count <= 0 or count > (opts.max_body_size - 4) // 5:
+    if count <= 0 or count > (limits.max_body_size - 4) // 5:
         raise ApiError(413, "BAD_BODY")
     out, at = [], 4
     for _ in range(count):
@@ -177,7 +177,7 @@ def _split_binary(body: bytes, opts) -> list:
             raise ApiError(413, "BAD_MESSAGE")
         (size,) = struct.unpack_from(">i", body, at)
         at += 4
-        if size <= 0 or size > opts.max_msg_size or at + size > len(body):
+        if size <= 0 or size > limits.max_msg_size or at + size > len(body):
             raise ApiError(413, "BAD_MESSAGE")
         out.append(body[at:at + size])
         at += size
@@ -249,7 +249,7 @@ class Config(_Resource):
         _json(resp, self._value(opt))
 
     def on_put(self, req, resp, opt):
-        limit = self.opts.max_msg_size
+        limit = self.limits.max_msg_size
         body = _read(req, limit)
         if len(body) > limit or not body:
             raise ApiError(413, "INVALID_VALUE")
