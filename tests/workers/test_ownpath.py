@@ -14,6 +14,7 @@ import numpy as np
 import pytest
 
 import nsqpy.workers.domain.channel
+import nsqpy.workers.domain.session
 import nsqpy.workers.domain.topic
 from nsqpy.ipc import msglog_kernels as MK
 from nsqpy.ipc.inflight import C_N_LIVE, InFlightTable, inflight_nbytes
@@ -99,6 +100,8 @@ class Channel:
 
 
 class Consumer:
+    fin_fast_path = nsqpy.workers.domain.session.Session.fin_fast_path  # the real rule, on the fake's fields
+
     def __init__(self, conn_id, rdy):
         self.sock, self.peer = socket.socketpair()
         self.sock.setblocking(False)
@@ -108,7 +111,7 @@ class Consumer:
         self.wbuf = b""
         self.closed = False
         # what the lane asks of a session whose FINs it takes, and what the pump reads (its socket may be in it)
-        self.state, self.parser = STATE_SUBSCRIBED, SimpleNamespace(idle=True)
+        self.state, self.parser = STATE_SUBSCRIBED, SimpleNamespace(idle=True, state=STATE_SUBSCRIBED)
         self.held = self.closing_after_flush = self._tls_missing = False
         self.finish_count = 0
         self.pub_counts, self.moved_in, self.data = {}, False, []

@@ -22,17 +22,11 @@ only when a consumer gets them. A DPUB to a topic with channels is parked for ea
 ``message_count`` is nsqd's: every message put into the channel (counted as its topic appends it,
 ``Topic.count_appended``), not deliveries; a requeue, timeout or due deferred message does not count again.
 
-What a channel needs from its worker is narrow (a unit test passes a small fake, see
-tests/workers/test_channel_*.py): ``inflight`` (the in-flight table), ``deferred`` (the deferred store),
-``pending`` and ``table_blocked`` (sets of channels), ``suspect`` (careful_rounds, careful_done, begin, end, and
-its words ``w`` from ``base``), ``write_frames(session, log, positions, attempts)``, ``round_buffer`` (a uint8
-array for a compiled round's frames, or None: no compiled rounds) with ``send_frames(session, buffer, end,
-sent)`` and ``direct_fd(session)`` (its socket, for a compiled round to send to at once, or -1),
-``timer_start``/``timer_start_each``/``timer_leave``/``timer_leave_one``, ``channel_changed(channel)`` (a FIN
-with nothing left to deliver: the marks a delivery pass would make), ``deferred_changed()``,
-``retry_later(channel)``, ``slots_of_channel(key)`` and ``opts.max_msg_timeout`` (and
-``opts.e2e_processing_latency_percentile``/``_window_time`` if it has them: FIN then records end-to-end
-latencies, ``workers/domain/e2e.py``).
+What a channel needs from its worker is narrow and declared: ``hosts.ChannelHost`` names every service (the
+in-flight table, the deferred store, the timers, the frame writers, the sets of pending and blocked channels...),
+and ``hosts.ChannelParent`` what it uses of its topic; a unit test passes small fakes of both
+(tests/workers/fakes.py, tests/workers/test_channel_*.py). With ``opts.e2e_processing_latency_percentile`` and
+``_window_time``, FIN also records end-to-end latencies (``workers/domain/e2e.py``).
 """
 import collections
 import itertools
@@ -46,6 +40,7 @@ from nsqpy.protocol.ids import hex_to_id
 from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.workers.domain.deferred import DeferredNoSpace
 from nsqpy.workers.domain.e2e import new_window
+from nsqpy.workers.domain.hosts import ChannelParent
 from nsqpy.workers.lane.kernels import deliver_round, generations, waiting_positions
 from nsqpy.workers.storage.poison import DELIVERY
 
@@ -66,9 +61,9 @@ def _fail_text(status):
 
 
 class Channel:
-    def __init__(self, topic, name, ch, key):
+    def __init__(self, topic: ChannelParent, name, ch, key):
         self.topic = topic
-        self.worker = topic.worker
+        self.worker = topic.worker  # hosts.ChannelHost
         self.name = name
         self.ch = ch            # slot in the topic's message log
         self.key = key          # worker-unique channel number (the in-flight table's channel field)

@@ -37,6 +37,9 @@ pump's fast path included). AUTH (``workers/connections/auth.py``, mixed in as `
 the loop while the session is held, as for a parked publish; with --auth-http-address or --tls-required (before
 the upgrade) the pump's fast path is off for the session, since it makes neither check.
 
+What a session uses of its worker is declared in ``hosts.SessionHost`` (the pump's arrays, the loop, publish,
+subscribe, hand-over), so a unit test runs it on a socketpair with a small fake (tests/workers/test_session.py).
+
 Resource handling: ``close`` is idempotent; it requeues the session's in-flight messages at once (nsqpy goes
 beyond NSQ here), leaves its channel, takes the fd out of the pump and the loop and closes the socket.
 """
@@ -52,6 +55,7 @@ from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.protocol.v2_parser import V2Parser
 from nsqpy.workers.connections.auth import SessionAuth
 from nsqpy.workers.connections.transport import upgrade
+from nsqpy.workers.domain.hosts import SessionHost
 
 # A client that stops reading must not make the broker buffer without bound: past this many unsent bytes the
 # session stops reading commands (and so stops publishing) until the socket drains.
@@ -64,7 +68,7 @@ FIN_LINE = len(b"FIN 0123456789abcdef\n")
 
 
 class Session(SessionAuth):
-    def __init__(self, worker, sock, conn_id, remote, parser=None, settings=None, connect_ts=None):
+    def __init__(self, worker: SessionHost, sock, conn_id, remote, parser=None, settings=None, connect_ts=None):
         self.worker = worker
         self.sock = sock
         self.fd = sock.fileno()
@@ -144,8 +148,7 @@ class Session(SessionAuth):
         if self.held:
             self._held_bytes += data
             return
-        if len(data) == FIN_LINE and data.startswith(b"FIN ") and data[-1] == 10 and self.parser.idle and \
-                self.state == STATE_SUBSCRIBED and not self._tls_missing:
+        if len(data) == FIN_LINE and data.startswith(b"FIN ") and data[-1] == 10 and self.fin_fast_path():
             # one whole FIN, an unbuffered consumer's every read: straight to the channel, not through the parser
             # (nothing to keep between reads). One that fails goes the general way below, which answers it.
             try:
@@ -159,6 +162,18 @@ class Session(SessionAuth):
             # still partial, its deadline counts from now; if the parser is idle, this value is not used
             self._command_started = self.last_read
         self._note_clean()
+
+    def fin_fast_path(self, lane_channel=None):
+        """Whether a read that is one whole ``FIN <id>\\n`` may skip the parser: the one eligibility rule of every
+        fast FIN path (``on_data``'s, straight to the channel; the lane's, ``workers/lane/ownpath.py``, which frees
+        it in compiled code). Subscribed, nothing half parsed, not held (a parked publish's commands wait in
+        order), not closing after a fatal error, and no TLS upgrade pending (--tls-required makes a FIN fatal
+        before it). ``lane_channel``: the channel the lane would free it on; the lane records no end-to-end
+        latency, so a channel with a window (``Channel.e2e``) keeps its FINs in Python. Reads plain fields only
+        (a FIN's hot path: one call, no property of ours)."""
+        p = self.parser
+        return p.state == STATE_SUBSCRIBED and p.idle and not self.held and not self.closing_after_flush and \
+            not self._tls_missing and (lane_channel is None or lane_channel.e2e is None)
 
     def _note_clean(self):
         """Tell the pump whether it may handle this session's next lone PUB itself (nothing half parsed, and no

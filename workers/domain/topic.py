@@ -11,6 +11,9 @@ the topic's slowest channel has fewer than that many messages waiting (``Message
 plus at most one segment more. Its bytes are capped too, at ``mem-queue-size x MEM_BYTES_PER_MESSAGE`` rounded up
 to whole segments (at least two: the head is always inside the newest one, so a log of one segment could never
 turn over): big messages spill to disk before their count is reached, /dev/shm is not a place for gigabytes.
+
+What a topic uses of its worker is declared in ``hosts.TopicHost`` (its channels' ``hosts.ChannelHost`` included),
+so a unit test gives it a small fake (tests/workers/fakes.py).
 """
 import errno
 import hashlib
@@ -28,6 +31,7 @@ from nsqpy.ipc.shm import Segment, SegmentError, segment_name, unlink_name
 from nsqpy.protocol.ids import SEQUENCE_MASK, TWEPOCH, IdGenerator
 from nsqpy.workers.domain.channel import Channel
 from nsqpy.workers.domain.deferred import DeferredNoSpace
+from nsqpy.workers.domain.hosts import TopicHost
 
 SEGMENT_SIZE = 8 << 20   # the smallest segment; topics get bigger ones when --max-msg-size asks for it
 MEM_BYTES_PER_MESSAGE = 1024
@@ -56,7 +60,7 @@ def name_hash(name):
 
 
 class Topic:
-    def __init__(self, worker, name, index, restarted=False):
+    def __init__(self, worker: TopicHost, name, index, restarted=False):
         self.worker = worker
         self.name = name
         self.index = index

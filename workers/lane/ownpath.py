@@ -37,8 +37,8 @@ that no OK can overtake them).
 A round-trip consumer's FIN comes between its producer's PUBs, and cost the owner a second trip through Python
 per message (its read, ``Channel.finish_one``, the idle step, arming again). So a row also names the consumer
 whose turn it is when none has free RDY (its free RDY, 0 or less, kept in the row), and, when that consumer's
-session could hand a FIN straight to its channel (``_takes_fins``: subscribed, parser idle, not held or closing,
-TLS not pending, no end-to-end latency window), a read that is exactly one ``FIN <id>\\n`` from it is the lane's
+FINs may take a fast path (``Session.fin_fast_path``: subscribed, parser idle, not held or closing, TLS not
+pending, no end-to-end latency window), a read that is exactly one ``FIN <id>\\n`` from it is the lane's
 (``own_fin``): the in-flight table frees the message (a FIN that fails is left to Python, which answers it), the
 row gains the RDY, and (row, slot) waits in ``words`` for ``fins_done``, which the lane's caller runs first
 whatever the lane returned: the round's timer, the session's counts, the channel's pass or change mark. Its
@@ -52,7 +52,6 @@ from nsqpy.ipc import sysio as S
 from nsqpy.ipc.inflight import inflight_finish_batch
 from nsqpy.ipc.msglog_kernels import append_batch
 from nsqpy.protocol.kernels import hex_value, snowflake_fill
-from nsqpy.protocol.states import STATE_SUBSCRIBED
 from nsqpy.workers.domain.channel import MAX_ROUND_BYTES, ROUND
 from nsqpy.workers.lane.kernels import deliver_round
 from nsqpy.workers.lane.words import (A_IDS, A_NB, A_POS, A_TS, CN_OTHER, DATA, FN_FREED, FN_ID, FN_ROW, FN_SLOT,
@@ -156,13 +155,6 @@ def own_fin(counts, out, buf, ow, table_ctl, table_slots, table_index):
     return True
 
 
-def _takes_fins(ch, s):
-    """Whether the lane may take s's FINs on channel ch: what ``Session.on_data`` asks of a FIN it hands straight
-    to the channel, and no end-to-end latency window (its FINs record into it)."""
-    return ch.e2e is None and s.state == STATE_SUBSCRIBED and s.parser.idle and not s.held and \
-        not s.closing_after_flush and not s._tls_missing
-
-
 def idle_args(words):
     """The lane's own arguments while nothing is armed: ``words`` (OW_ARMED 0) and stand-ins of the armed
     arrays' types (so the lane has one compiled signature)."""
@@ -216,7 +208,7 @@ class OwnPath:
             b = ROWS_AT + r * ROW
             ow[b + RW_CH], ow[b + RW_KEY], ow[b + RW_CONN], ow[b + RW_FD] = ch.ch, ch.key, s.conn_id, s.fd
             ow[b + RW_FREE], ow[b + RW_TIMEOUT] = free, s.settings.msg_timeout_ms * 1_000_000
-            ow[b + RW_FINS] = _takes_fins(ch, s)
+            ow[b + RW_FINS] = s.fin_fast_path(ch)
         ow[OW_FINS] = 0
         ow[OW_ARMED] = 1
         self.armed = t
@@ -252,7 +244,7 @@ class OwnPath:
             else:
                 # no consumer can take a message now: the one whose turn it is, for its FINs (each frees RDY)
                 s = ch.consumers[start]
-                if _takes_fins(ch, s) and s.settings.sample_rate == 0 and w.direct_fd(s) >= 0:
+                if s.fin_fast_path(ch) and s.settings.sample_rate == 0 and w.direct_fd(s) >= 0:
                     fins_only.append((ch, s, s.rdy - s.in_flight))
         if len(rows) > MAX_ROWS:
             return None
