@@ -143,6 +143,25 @@ def test_a_consumer_gets_at_most_rdy_messages_and_each_fin_frees_one(session_hos
     assert c.session.message_count == 4
 
 
+def test_a_full_in_flight_table_holds_a_consumers_rdy_back_until_fins_free_slots(session_host):
+    """RDY is the consumer's bound; the worker's in-flight table is the broker's: with 2 slots and RDY 5, two
+    messages go out, and each FIN lets exactly one more through (back-pressure, not loss)."""
+    host = session_host(capacity=2)
+    c = subscribed(host, rdy=5)
+    publish(host.topic.log, [b"m%d" % i for i in range(4)])
+    host.channel("c").wants_delivery()
+    c.send()
+    got = messages(c.frames())
+    assert [m.body for m in got] == [b"m0", b"m1"] and c.session.ready_for_more()
+    for k in range(2):
+        c.send(C.fin(got[k].id))
+        host.pending |= host.table_blocked  # (the worker's idle step: slots were freed)
+        host.table_blocked.clear()
+        c.send()
+        got += messages(c.frames())
+    assert [m.body for m in got] == [b"m0", b"m1", b"m2", b"m3"] and c.session.in_flight == 2
+
+
 def test_req_redelivers_with_the_next_attempt_and_touch_answers_nothing(session_host):
     host = session_host()
     c = subscribed(host, rdy=1)
