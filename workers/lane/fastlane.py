@@ -76,13 +76,16 @@ from nsqpy.workers.connections.handover import owner_nap
 from nsqpy.workers.lane import kernels as lane_kernels, pump as lane_pump
 from nsqpy.workers.lane.ownpath import idle_args, own_fin, own_publish
 from nsqpy.workers.lane.pump import _read, _settle_and_send
-from nsqpy.workers.lane.words import (CN_OTHER, CN_STAGED, CN_TOPICS, MAX_EVENTS, MAX_FINS, OW_ARMED, OW_FINS, OW_T,
-                                      OW_WORDS, R_EVENTS, R_OWN, R_READ, R_SETTLED, R_TIMEOUT, RES_ATTENTION,
-                                      RES_CODE, RES_EVENTS, RES_FORWARDS, RES_MOVERS, RES_STAGED, RES_TALLIES,
-                                      RES_WORDS, ST_LEN, ST_N, ST_OFF, ST_TOPIC)
+from nsqpy.workers.lane.words import (CN_OTHER, CN_STAGED, CN_TOPICS, FD_BUSY, LANE_WORDS, LN_LARGE, LN_MAIN_EP,
+                                      LN_SLICE_NS, LN_UNTIL_NS, MAX_EVENTS, MAX_FINS, OW_ARMED, OW_FINS, OW_T,
+                                      OW_WORDS, PW_EPFD, PW_ME, R_EVENTS, R_OWN, R_READ, R_SETTLED, R_TIMEOUT,
+                                      RES_ATTENTION, RES_CODE, RES_EVENTS, RES_FORWARDS, RES_MOVERS, RES_STAGED,
+                                      RES_TALLIES, RES_WORDS, RG_CAPACITY, RG_CTL_AT, RG_DATA_AT, RG_EVENTFD, RG_ROWS,
+                                      ST_LEN, ST_N, ST_OFF, ST_TOPIC, TP_FULL_AT, TP_FULL_VAL, TP_NAME_LEN, TP_OWNER)
 from nsqpy.workers.publishing.records import FORWARD, FWD_HEAD_SIZE, write_forward
 
 SLICE = 0.005        # seconds a busy lane runs before it lets the idle step run
+SLICE_NS = int(SLICE * 1e9)
 SKIP_AFTER_MISS = 32  # loop iterations without the lane after MISSES_BEFORE_SKIP calls that did nothing
 MISSES_BEFORE_SKIP = 4  # in a row: neither forwarded nor published (an owner's own PUBs alternate with FINs)
 BATCH = 64           # an MPUB of at least this many messages takes the lane (a batch producer's)
@@ -106,21 +109,20 @@ def _lane_commands(st, n):
 
 
 @njit(**JIT_CALLEE)
-def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity, owner,
-                   timestamp_ns, large):
+def forward_staged(st, n, t, names, topics, buf, seg_words, seg_bytes, rings, owner, timestamp_ns, large):
     """Write the n staged messages (all of topic t) as one FORWARD record into the ring to ``owner`` (with
     ``records.write_forward``, the Python path's encoder too) and commit it; False (nothing written) when it is
     bigger than ``large`` or the ring has no room now."""
-    name_len = name_lens[t]
+    name_len = topics[TP_NAME_LEN, t]
     size = FWD_HEAD_SIZE + name_len + 8 * n
     for i in range(n):
         size += st[ST_LEN, i]
     if size > large:
         return False
-    a = ctl_at[owner]
+    a = rings[RG_CTL_AT, owner]
     ctl = seg_words[a:a + CONTROL_WORDS]
-    d = data_at[owner]
-    data = seg_bytes[d:d + capacity[owner]]
+    d = rings[RG_DATA_AT, owner]
+    data = seg_bytes[d:d + rings[RG_CAPACITY, owner]]
     at = ring_claim(ctl, data, size, np.int64(FORWARD))  # typed: no Literal copy of ring_claim
     if at < 0:
         return False
@@ -130,17 +132,21 @@ def forward_staged(st, n, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at
 
 
 @njit(**JIT)
-def serve(main_ep, events, until, slice_s, me, large, res,
-          pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts,
-          topic_owner, full_at, full_val, control_words, seg_words, seg_bytes, ctl_at, data_at, capacity,
-          wake_flags, eventfds, naps,
-          failed, busy, tally, tally_topic, frame, sent, sw, mode, rates, streak, streak_owner, streak_t0, moved_in,
-          movers, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
-    """The lane (module docstring): wait on ``main_ep`` until ``until`` (time.monotonic(); < 0: no limit) and
-    forward lone PUBs until something needs Python. ``res`` receives the outcome (RES_* words). ``own`` and the
-    arrays after it are the armed own topic's (``workers/lane/ownpath.py``)."""
-    res[:] = 0
-    stop_at = until
+def serve(lane, events, pevents, counts, buf, fd_int, fd_flags, fd_times, names, topics, table, st, out, sw, frame,
+          rates, rings, seg_words, seg_bytes, control_words, wake_flags, naps,
+          own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
+    """The lane (module docstring): wait on the loop's epoll set (``lane[LN_MAIN_EP]``) until LN_UNTIL_NS
+    (time.monotonic_ns(); < 0: no limit) and forward lone PUBs until something needs Python; ``lane`` receives the
+    outcome (RES_* words). ``events`` is the lane's epoll buffer; ``pevents`` to ``rates`` are the pump's
+    (``counts`` is its words, with its settings), ``rings`` to ``naps`` this worker's rings to the other workers
+    and their wake-ups; ``own`` and the arrays after it are the armed own topic's (``workers/lane/ownpath.py``).
+    The blocks' words are ``workers/lane/words.py``'s."""
+    lane[:RES_WORDS] = 0
+    main_ep, slice_s, large = lane[LN_MAIN_EP], lane[LN_SLICE_NS] * 1e-9, lane[LN_LARGE]
+    stop_at = lane[LN_UNTIL_NS] * 1e-9 if lane[LN_UNTIL_NS] >= 0 else -1.0
+    pump_ep, me = counts[PW_EPFD], counts[PW_ME]
+    topic_owner, full_at, full_val = topics[TP_OWNER], topics[TP_FULL_AT], topics[TP_FULL_VAL]
+    busy = fd_flags[FD_BUSY]
     forwards = 0
     while True:
         ms = -1
@@ -149,26 +155,25 @@ def serve(main_ep, events, until, slice_s, me, large, res,
             ms = 0 if left <= 0 else int(math.ceil(left * 1000.0))
         n = S.epoll_wait(main_ep, events.ctypes.data, MAX_EVENTS, ms)
         if n <= 0:  # timed out, or interrupted (a signal: its wake-up fd is in the set, Python sees it next)
-            res[RES_CODE] = R_TIMEOUT
+            lane[RES_CODE] = R_TIMEOUT
             break
         if n > 1 or S.event_data(events, 0) != pump_ep:
-            res[RES_CODE] = R_EVENTS
-            res[RES_EVENTS] = n
+            lane[RES_CODE] = R_EVENTS
+            lane[RES_EVENTS] = n
             break
-        _read(pump_ep, pevents, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out,
-              counts)
+        _read(counts, pevents, buf, fd_int, fd_flags, fd_times, names, topics, table, st, out)
         staged = counts[CN_STAGED]
         # a consumer's FIN on the armed topic, alone or beside its PUBs (first: the RDY it frees takes them)
         if own[OW_ARMED] != 0 and own_fin(counts, out, buf, own, table_ctl, table_slots, table_index) and \
                 staged == 0:
             if own[OW_FINS] >= MAX_FINS:
-                res[RES_CODE] = R_TIMEOUT  # Python's share of them is due
+                lane[RES_CODE] = R_TIMEOUT  # Python's share of them is due
                 break
             if own[OW_FINS] == 1:
                 stop_at = _sliced(stop_at, S.monotonic(), slice_s)
             continue
         if staged == 0 or counts[CN_TOPICS]:
-            res[RES_CODE] = R_READ
+            lane[RES_CODE] = R_READ
             break
         t = st[ST_TOPIC, 0]
         owner = topic_owner[t]
@@ -179,28 +184,27 @@ def serve(main_ep, events, until, slice_s, me, large, res,
         if not mine:
             if counts[CN_OTHER] or owner == me or not _lane_commands(st, staged) or \
                     control_words[full_at[t]] == full_val[t] or not forward_staged(
-                        st, staged, t, names, name_lens, buf, seg_words, seg_bytes, ctl_at, data_at, capacity,
-                        owner, S.realtime_ns(), large):
-                res[RES_CODE] = R_READ
+                        st, staged, t, names, topics, buf, seg_words, seg_bytes, rings, owner, S.realtime_ns(),
+                        large):
+                lane[RES_CODE] = R_READ
                 break
             woke = 0
             if wake_check(wake_flags, owner):
-                S.eventfd_signal(eventfds[owner])
+                S.eventfd_signal(rings[RG_EVENTFD, owner])
                 woke = 1
             owner_nap(naps, owner, woke)
             forwards += 1
         counts[CN_STAGED] = 0  # published here or committed to the ring: nothing left staged for Python (data may be)
         now = S.monotonic()
-        k, attention, m = _settle_and_send(st, failed, staged, gen, busy, tally, tally_topic, frame, sent[:staged],
-                                           sw, me, mode, rates, now, topic_owner, streak, streak_owner,
-                                           streak_t0, moved_in, movers)
+        k, attention, m = _settle_and_send(st, staged, counts, fd_int, fd_flags, fd_times, topics, frame, sw, rates,
+                                           now)
         if mine or k or attention or m:
-            res[RES_CODE] = R_OWN if mine else R_SETTLED
-            res[RES_TALLIES], res[RES_ATTENTION], res[RES_MOVERS], res[RES_STAGED] = k, attention, m, staged
+            lane[RES_CODE] = R_OWN if mine else R_SETTLED
+            lane[RES_TALLIES], lane[RES_ATTENTION], lane[RES_MOVERS], lane[RES_STAGED] = k, attention, m, staged
             break
         if forwards == 1:
             stop_at = _sliced(stop_at, now, slice_s)
-    res[RES_FORWARDS] = forwards
+    lane[RES_FORWARDS] = forwards
 
 
 class FastLane:
@@ -221,26 +225,24 @@ class FastLane:
         self.seg_bytes = np.frombuffer(buf, np.uint8)
         base = self.seg_bytes.ctypes.data
         workers = len(wakeups.fds)
-        self.ctl_at = np.zeros(workers, np.int64)
-        self.data_at = np.zeros(workers, np.int64)
-        self.capacity = np.zeros(workers, np.int64)
+        self.rings = np.zeros((RG_ROWS, workers), np.int64)  # words.py: rows RG_*
         for j, ring in rings.items():
-            self.ctl_at[j] = (ring.ctl.ctypes.data - base) // 8
-            self.data_at[j] = ring.data.ctypes.data - base
-            self.capacity[j] = ring.capacity
+            self.rings[RG_CTL_AT, j] = (ring.ctl.ctypes.data - base) // 8
+            self.rings[RG_DATA_AT, j] = ring.data.ctypes.data - base
+            self.rings[RG_CAPACITY, j] = ring.capacity
+        self.rings[RG_EVENTFD] = wakeups.fds
         self.wake_flags = wakeups.flags
-        self.eventfds = np.array(wakeups.fds, np.int64)
         self.control = control
         self.control_words = control.w
         self.naps = naps.naps
         self.large = int(large_forward)
+        self.lane = np.zeros(LANE_WORDS, np.int64)  # words.py: RES_* (the outcome), LN_* (a call's inputs)
+        self.lane[LN_MAIN_EP], self.lane[LN_SLICE_NS], self.lane[LN_LARGE] = main_ep.fileno(), SLICE_NS, self.large
+        self.res = self.lane
         self.usable = usable
         self.move = move
-        self.full_at = np.zeros(len(pump.names), np.int64)
-        self.full_val = np.full(len(pump.names), -1, np.int64)
         self.known = 0        # topics of the pump whose full words are filled in
         self.skip = 0
-        self.res = np.zeros(RES_WORDS, np.int64)  # words.py: RES_*
         self.forwards = 0     # forwards the lane committed (statistics, tests)
         self.own = own        # the owner's own lone PUBs (workers/lane/ownpath.py OwnPath), or None
         self._no_own = idle_args(np.zeros(OW_WORDS, np.int64))
@@ -252,7 +254,8 @@ class FastLane:
         p = self.pump
         for t in range(self.known, len(p.topics)):
             name = p.topics[t].encode()
-            self.full_at[t], self.full_val[t] = self.control.full_word(int(p.topic_owner[t]), zlib.crc32(name))
+            p.topic_words[TP_FULL_AT, t], p.topic_words[TP_FULL_VAL, t] = self.control.full_word(
+                int(p.topic_owner[t]), zlib.crc32(name))
         self.known = len(p.topics)
 
     def poll(self, timeout):
@@ -288,14 +291,10 @@ class FastLane:
             self._learn()
         res = self.res
         own = self._no_own if self.own is None else self.own.arm()
-        serve(self.main_ep.fileno(), self.events, until, SLICE,
-              p.me, self.large, res,
-              p.epfd, p.events, p.buf, p.max_msg, p.max_body, p.clean, p.last_read, p.gen, p.names, p.name_lens,
-              p.table, p.st, p.out, p.counts,
-              p.topic_owner, self.full_at, self.full_val, self.control_words, self.seg_words, self.seg_bytes,
-              self.ctl_at, self.data_at, self.capacity, self.wake_flags, self.eventfds, self.naps,
-              p.failed, p.busy, p.tally, p.tally_topic, p.ok_frame, p.sent, p.sw, p.mode, p.rates, p.streak,
-              p.streak_owner, p.streak_t0, p.moved_in, p.movers, *own)
+        res[LN_UNTIL_NS] = -1 if until < 0 else int(until * 1e9)
+        serve(res, self.events, p.events, p.counts, p.buf, p.fd_int, p.fd_flags, p.fd_times, p.names, p.topic_words,
+              p.table, p.st, p.out, p.sw, p.ok_frame, p.rates, self.rings, self.seg_words, self.seg_bytes,
+              self.control_words, self.wake_flags, self.naps, *own)
         code, forwards = int(res[RES_CODE]), int(res[RES_FORWARDS])
         self.forwards += forwards
         fins = self.own is not None and self.own.words[OW_FINS] > 0

@@ -65,9 +65,13 @@ from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.names import MAX_NAME_LENGTH
 from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_by
-from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, COUNTS, DATA, MAX_EVENTS, MAX_STAGED,
-                                      OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF, OUT_ROWS, ST_FD, ST_GEN, ST_LAST, ST_LEN,
-                                      ST_N, ST_OFF, ST_ROWS, ST_TOPIC)
+from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, DATA, FD_BUSY, FD_CLEAN, FD_FLAG_ROWS,
+                                      FD_GEN, FD_INT_ROWS, FD_LAST_READ, FD_MOVED_IN, FD_STREAK, FD_STREAK_OWNER,
+                                      FD_STREAK_T0, FD_TALLY, FD_TALLY_TOPIC, FD_TIME_ROWS, MAX_EVENTS, MAX_STAGED,
+                                      OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF, OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY,
+                                      PW_MAX_MSG, PW_ME, PW_MODE, ST_FD, ST_GEN, ST_LAST, ST_LEN, ST_N, ST_OFF,
+                                      ST_ROWS, ST_SENT, ST_TOPIC, SW_COUNT, SW_FD, SW_MOVER, SW_ROWS, SW_TOPIC,
+                                      TP_FAILED, TP_NAME_LEN, TP_OWNER, TP_ROWS, TP_FULL_AT, TP_FULL_VAL)
 
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
@@ -137,13 +141,17 @@ def _stage(st, k, fd, fd_gen, t, off, length, n, last):
 
 
 @njit(locals={"cur": int64}, **JIT)  # cur = 0 would first compile lone_*_line for Literal[int](0)
-def _read(epfd, events, buf, max_msg, max_body, clean, last_read, gen, names, name_lens, table, st, out, counts):
+def _read(counts, events, buf, fd_int, fd_flags, fd_times, names, topics, table, st, out):
+    """One pass over the ready sockets (module docstring): stage lone PUBs and MPUBs in ``st``, list the rest in
+    ``out``, totals in ``counts`` (the blocks are words.py's)."""
     counts[CN_STAGED] = 0
     counts[CN_OTHER] = 0
     counts[CN_TOPICS] = 0
-    n = S.epoll_wait(epfd, events.ctypes.data, MAX_EVENTS, 0)
+    n = S.epoll_wait(counts[PW_EPFD], events.ctypes.data, MAX_EVENTS, 0)
     if n <= 0:
         return
+    max_msg, max_body = counts[PW_MAX_MSG], counts[PW_MAX_BODY]
+    clean, last_read, gen, name_lens = fd_flags[FD_CLEAN], fd_times[FD_LAST_READ], fd_int[FD_GEN], topics[TP_NAME_LEN]
     now = S.monotonic()
     cur = 0
     staged = 0
@@ -243,16 +251,20 @@ def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_
 
 
 @njit(**JIT)
-def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, sw, me, mode, rates, now,
-                     topic_owner, streak, streak_owner, streak_t0, moved_in, movers):
+def _settle_and_send(st, n, counts, fd_int, fd_flags, fd_times, topics, frame, sw, rates, now):
     """After the staged messages were published: count each in its session's tally and, at the last message of
-    each command (ST_LAST), send its OK, unless its connection is gone (gen changed: sent -2), its topic failed
-    (failed[topic] FAILED: sent -3) or waits for room in the ring to its owner (PARKED: sent -4, the OK comes
-    once it is committed), or output is queued (busy) or the socket took less than the frame (sent -1 / bytes
-    sent: Python queues the rest). Messages that are not the last of their command need nothing (sent = the
-    frame's size). A session that switched topics has its old tally reported in sw (fd, topic, count) for
-    Python to fold. A producer that should move (``move_decision``) is listed in movers. Returns (tallies
+    each command (ST_LAST), send its OK, unless its connection is gone (FD_GEN changed: ST_SENT -2), its topic
+    failed (TP_FAILED FAILED: -3) or waits for room in the ring to its owner (PARKED: -4, the OK comes once it is
+    committed), or output is queued (FD_BUSY) or the socket took less than the frame (-1 / bytes sent: Python
+    queues the rest). Messages that are not the last of their command need nothing (ST_SENT = the frame's size).
+    A session that switched topics has its old tally reported in sw (SW_FD, SW_TOPIC, SW_COUNT) for Python to
+    fold. A producer that should move (``move_decision``) is listed in sw's SW_MOVER row. Returns (tallies
     reported, OKs needing Python, movers)."""
+    gen, tally, tally_topic = fd_int[FD_GEN], fd_int[FD_TALLY], fd_int[FD_TALLY_TOPIC]
+    streak, streak_owner = fd_int[FD_STREAK], fd_int[FD_STREAK_OWNER]
+    busy, moved_in, streak_t0 = fd_flags[FD_BUSY], fd_flags[FD_MOVED_IN], fd_times[FD_STREAK_T0]
+    failed, topic_owner, sent, movers = topics[TP_FAILED], topics[TP_OWNER], st[ST_SENT], sw[SW_MOVER]
+    me, mode = counts[PW_ME], counts[PW_MODE]
     k = 0
     attention = 0
     m = 0
@@ -270,9 +282,9 @@ def _settle_and_send(st, failed, n, gen, busy, tally, tally_topic, frame, sent, 
         else:
             if tally_topic[fd] != t:
                 if tally[fd] > 0:
-                    sw[0, k] = fd
-                    sw[1, k] = tally_topic[fd]
-                    sw[2, k] = tally[fd]
+                    sw[SW_FD, k] = fd
+                    sw[SW_TOPIC, k] = tally_topic[fd]
+                    sw[SW_COUNT, k] = tally[fd]
                     k += 1
                 tally_topic[fd] = t
                 tally[fd] = 0
@@ -326,33 +338,44 @@ class Pump:
         self.sessions = {}   # fd -> Session
         self._fd_arrays(1024)
         self.names = np.zeros((MAX_TOPICS, MAX_NAME_LENGTH), np.uint8)
-        self.name_lens = np.zeros(MAX_TOPICS, np.int64)
+        self.topic_words = np.zeros((TP_ROWS, MAX_TOPICS), np.int64)  # words.py: rows TP_*
+        self.topic_words[TP_FULL_VAL] = -1
+        self.name_lens, self.topic_owner = self.topic_words[TP_NAME_LEN], self.topic_words[TP_OWNER]
+        self.failed = self.topic_words[TP_FAILED]
         self.table = np.full(TABLE_SLOTS, -1, np.int64)
         self.topics = []     # id -> name
         self.topic_ids = {}  # name -> id
         self.st = np.zeros((ST_ROWS, MAX_STAGED), np.int64)  # the staged messages (words.py: rows ST_*)
-        self.sent = np.zeros(MAX_STAGED, np.int64)
-        self.failed = np.zeros(MAX_TOPICS, np.uint8)
-        self.topic_owner = np.zeros(MAX_TOPICS, np.int64)
-        self.movers = np.zeros(MAX_EVENTS, np.int64)
-        self.sw = np.zeros((3, MAX_EVENTS), np.int64)
+        self.sent = self.st[ST_SENT]
+        self.sw = np.zeros((SW_ROWS, MAX_EVENTS), np.int64)  # words.py: rows SW_*
+        self.movers = self.sw[SW_MOVER]
         self.out = np.zeros((OUT_ROWS, MAX_EVENTS), np.int64)  # the reads for Python (words.py: rows OUT_*)
-        self.counts = np.zeros(COUNTS, np.int64)  # words.py: CN_*
+        self.counts = np.zeros(PUMP_WORDS, np.int64)  # words.py: CN_* (a read's totals), PW_* (these settings)
+        self.counts[PW_EPFD], self.counts[PW_ME], self.counts[PW_MODE] = self.epfd, me, mode
+        self.counts[PW_MAX_MSG], self.counts[PW_MAX_BODY] = max_msg_size, max_body_size
         self.staged = 0
 
-    _FD_ARRAYS = (("gen", np.int64, 0), ("clean", np.uint8, 0), ("busy", np.uint8, 0),
-                  ("last_read", np.float64, 0), ("tally", np.int64, 0), ("tally_topic", np.int64, -1),
-                  ("streak", np.int64, 0), ("streak_owner", np.int64, -1), ("streak_t0", np.float64, 0),
-                  ("moved_in", np.uint8, 0))
+    # the per-fd state (words.py: FD_*): (block, row, attribute of that row's view, fill)
+    _FD_ARRAYS = (("fd_int", FD_GEN, "gen", 0), ("fd_flags", FD_CLEAN, "clean", 0),
+                  ("fd_flags", FD_BUSY, "busy", 0), ("fd_times", FD_LAST_READ, "last_read", 0),
+                  ("fd_int", FD_TALLY, "tally", 0), ("fd_int", FD_TALLY_TOPIC, "tally_topic", -1),
+                  ("fd_int", FD_STREAK, "streak", 0), ("fd_int", FD_STREAK_OWNER, "streak_owner", -1),
+                  ("fd_times", FD_STREAK_T0, "streak_t0", 0), ("fd_flags", FD_MOVED_IN, "moved_in", 0))
+    _FD_BLOCKS = (("fd_int", FD_INT_ROWS, np.int64), ("fd_flags", FD_FLAG_ROWS, np.uint8),
+                  ("fd_times", FD_TIME_ROWS, np.float64))
 
     def _fd_arrays(self, size):
-        """(Re)allocate the per-fd arrays for fds below ``size``, keeping what they held."""
-        for name, dtype, fill in self._FD_ARRAYS:
-            arr = np.full(size, fill, dtype)
-            old = getattr(self, name, None)
-            if old is not None:
-                arr[:old.size] = old
-            setattr(self, name, arr)
+        """(Re)allocate the per-fd blocks for fds below ``size``, keeping what they held; each row is also an
+        attribute (``gen``, ``clean``, ...: views, so a write through one is the kernels')."""
+        old = {name: getattr(self, name, None) for name, _, _ in self._FD_BLOCKS}
+        for name, rows, dtype in self._FD_BLOCKS:
+            setattr(self, name, np.zeros((rows, size), dtype))
+        for name, row, attr, fill in self._FD_ARRAYS:
+            block = getattr(self, name)
+            block[row] = fill
+            if old[name] is not None:
+                block[row, :old[name].shape[1]] = old[name][row]
+            setattr(self, attr, block[row])
 
     # ---- membership ------------------------------------------------------------------------------------
     def add(self, session, now):
@@ -422,8 +445,8 @@ class Pump:
     # ---- reading ---------------------------------------------------------------------------------------
     def read(self):
         """One compiled pass over the ready sockets; data and closed results go to their sessions."""
-        _read(self.epfd, self.events, self.buf, self.max_msg, self.max_body, self.clean, self.last_read, self.gen,
-              self.names, self.name_lens, self.table, self.st, self.out, self.counts)
+        _read(self.counts, self.events, self.buf, self.fd_int, self.fd_flags, self.fd_times, self.names,
+              self.topic_words, self.table, self.st, self.out)
         self.after_read()
 
     def after_read(self):
@@ -471,10 +494,8 @@ class Pump:
                     failed[t] = ok
         for t, ok in failed.items():
             self.failed[t] = FAILED if ok is False else PARKED
-        k, attention, m = _settle_and_send(
-            st, self.failed, n, self.gen, self.busy, self.tally, self.tally_topic, self.ok_frame, self.sent[:n],
-            self.sw, self.me, self.mode, self.rates, time.monotonic(), self.topic_owner, self.streak,
-            self.streak_owner, self.streak_t0, self.moved_in, self.movers)
+        k, attention, m = _settle_and_send(st, n, self.counts, self.fd_int, self.fd_flags, self.fd_times,
+                                           self.topic_words, self.ok_frame, self.sw, self.rates, time.monotonic())
         self.settled(n, k, attention, m, failed, move)
 
     def settled(self, n, k, attention, m, failed, move):
@@ -483,7 +504,7 @@ class Pump:
         the session: refused, parked, or behind queued output), and move its m movers."""
         st, sent, sw = self.st, self.sent[:n], self.sw
         fds, topics = st[ST_FD, :n], st[ST_TOPIC, :n]
-        for fd, t, count in zip(sw[0, :k].tolist(), sw[1, :k].tolist(), sw[2, :k].tolist()):
+        for fd, t, count in zip(sw[SW_FD, :k].tolist(), sw[SW_TOPIC, :k].tolist(), sw[SW_COUNT, :k].tolist()):
             counts = self.sessions[fd].pub_counts
             counts[self.topics[t]] = counts.get(self.topics[t], 0) + count
         if attention:

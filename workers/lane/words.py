@@ -20,6 +20,9 @@ Blocks (shape, dtype; writer -> readers):
     ST_OFF     body offset in the read buffer   ST_LEN   body length
     ST_N       messages in its command (1: a PUB or an MPUB of one)
     ST_LAST    1 on the last message of its command (where the OK goes)
+    ST_SENT    written by ``_settle_and_send``, read by ``Pump.settled``: what became of its OK (the frame's size:
+               sent, or none due; -1: output queued, -2: connection gone, -3: refused, -4: parked; less than the
+               frame: partly sent)
 
 ``out``: the reads for Python, ``(OUT_ROWS, MAX_EVENTS)`` int64, one column per read the pump did not stage.
     Writer: ``pump._read``; ``ownpath.own_fin`` takes a lone FIN's (``counts[CN_OTHER]`` back to 0). Reader:
@@ -69,8 +72,8 @@ MAX_EVENTS = 1024           # epoll events per wait; also the columns of ``out``
 MAX_STAGED = 8192           # messages one read call may stage (columns of ``st``)
 
 # st: the staged messages (rows)
-ST_FD, ST_GEN, ST_TOPIC, ST_OFF, ST_LEN, ST_N, ST_LAST = range(7)
-ST_ROWS = 7
+ST_FD, ST_GEN, ST_TOPIC, ST_OFF, ST_LEN, ST_N, ST_LAST, ST_SENT = range(8)
+ST_ROWS = 8
 
 # out: the reads for Python (rows), and OUT_KIND's values
 OUT_FD, OUT_KIND, OUT_OFF, OUT_LEN = range(4)
@@ -103,3 +106,60 @@ FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N
 FN_SLOT = FN_ROW + MAX_FINS
 FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2
 OW_WORDS = FN_FREED + 1
+
+# counts (the pump's words): after one read's totals (CN_*), the pump's settings, written by ``Pump.__init__``,
+# read by ``pump._read``, ``_settle_and_send`` and ``fastlane.serve``
+PW_EPFD, PW_MAX_MSG, PW_MAX_BODY, PW_ME, PW_MODE = range(COUNTS, COUNTS + 5)
+PUMP_WORDS = COUNTS + 5
+
+# the pump's per-fd state, one column per fd (grown on demand, ``Pump._fd_arrays``), one block per dtype.
+# fd_int (int64):
+#   FD_GEN           bumped whenever the fd joins or leaves the pump (``Pump.add`` / ``remove``): an OK staged for a
+#                    connection that closed, maybe with its fd reused, is never sent. Read by ``_read``, ``_settle_and_send``
+#   FD_TALLY, FD_TALLY_TOPIC   the session's current run of lone PUBs: count and topic (``_settle_and_send`` writes;
+#                    ``Pump.settle`` and the stats rows fold and reset them)
+#   FD_STREAK, FD_STREAK_OWNER   the move streak: one-message commands in a row to topics of one worker, and that
+#                    worker (``move_decision``)
+# fd_flags (uint8):
+#   FD_CLEAN         the session's parser holds nothing: a lone PUB may be staged (the session writes; ``_read``)
+#   FD_BUSY          output is queued: an OK must go through the session's write buffer (the session and the own
+#                    path write; ``_settle_and_send`` reads)
+#   FD_MOVED_IN      the producer was moved here because this worker owns its topics (``Pump.add``; ``move_decision``)
+# fd_times (float64):
+#   FD_LAST_READ     time.monotonic() of the last read (``_read``; the session's read deadline, the stats rows)
+#   FD_STREAK_T0     when the move streak's current window began (``move_decision``)
+FD_GEN, FD_TALLY, FD_TALLY_TOPIC, FD_STREAK, FD_STREAK_OWNER = range(5)
+FD_INT_ROWS = 5
+FD_CLEAN, FD_BUSY, FD_MOVED_IN = range(3)
+FD_FLAG_ROWS = 3
+FD_LAST_READ, FD_STREAK_T0 = range(2)
+FD_TIME_ROWS = 2
+
+# topic_words: the pump's per-topic words, one column per pump topic id (MAX_TOPICS)
+#   TP_NAME_LEN      the name's length in ``names`` (``Pump.learn_topic``; ``find_topic``, the forward's encoder)
+#   TP_OWNER         the worker that owns it (``learn_topic``; ``serve``, ``move_decision``)
+#   TP_FAILED        0, or FAILED / PARKED while ``Pump.commit`` answers a publish refused or parked
+#   TP_FULL_AT, TP_FULL_VAL   the control word (and its value) that says its owner marked it full
+#                    (``FastLane._learn`` writes them as topics appear; -1: not known yet; ``serve`` reads)
+TP_NAME_LEN, TP_OWNER, TP_FAILED, TP_FULL_AT, TP_FULL_VAL = range(5)
+TP_ROWS = 5
+
+# sw: what ``_settle_and_send`` reports, ``(SW_ROWS, MAX_EVENTS)`` int64: tallies of sessions that switched topics
+# (SW_FD, SW_TOPIC, SW_COUNT: folded by ``Pump.settled``) and producers that should move (SW_MOVER)
+SW_FD, SW_TOPIC, SW_COUNT, SW_MOVER = range(4)
+SW_ROWS = 4
+
+# lane: one ``fastlane.serve`` call's words: its outcome (RES_*, above), then its inputs, written by
+# ``FastLane._serve`` before the call
+LN_MAIN_EP = RES_WORDS    # the loop's epoll fd, which the lane waits on
+LN_UNTIL_NS = RES_WORDS + 1   # time.monotonic_ns() to return at (R_TIMEOUT), or -1: no limit
+LN_SLICE_NS = RES_WORDS + 2   # how long a busy lane runs once its first forward or FIN is done (SLICE)
+LN_LARGE = RES_WORDS + 3      # the biggest forward the ring takes (bigger ones go by file: Python's)
+LANE_WORDS = RES_WORDS + 4
+
+# rings: the lane's view of this worker's rings to the others, ``(RG_ROWS, workers)`` int64, written by
+# ``FastLane.__init__``, read by ``forward_staged`` and ``serve``
+#   RG_CTL_AT (in int64 words) and RG_DATA_AT (in bytes): where the ring's control block and data start in the
+#   rings' buffer; RG_CAPACITY its data's size; RG_EVENTFD the owner's eventfd (its wake-up)
+RG_CTL_AT, RG_DATA_AT, RG_CAPACITY, RG_EVENTFD = range(4)
+RG_ROWS = 4
