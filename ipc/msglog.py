@@ -174,7 +174,8 @@ class ReadBatch:
 
     def __init__(self, capacity: int):
         self.capacity = capacity
-        self._arrays = [np.zeros(capacity, dtype=np.int64) for _ in self.FIELDS]
+        self.block = np.zeros((len(self.FIELDS), capacity), np.int64)  # one row per field (read_block)
+        self._arrays = list(self.block)
         (self.positions, self.lengths, self.flags, self.timestamps, self.ids, self.not_before,
          self.attempts) = self._arrays
         self.n = 0
@@ -652,10 +653,11 @@ class MessageLog(LogCounters):
         b.n, b.next_position, b.latest_not_before = int(n), int(nxt), int(latest)
         return b
 
-    def read_arrays(self, n: int) -> list:
-        """The result arrays ``read`` would fill for up to n records, for a kernel that reads the log and goes
-        on in compiled code (nsqpy.workers.lane.kernels.deliver_round); ``ReadBatch.FIELDS`` names them."""
-        return self._batch_for(n)._arrays
+    def read_block(self, n: int) -> np.ndarray:
+        """The result arrays ``read`` would fill for up to n records as the rows of one (fields, capacity) block
+        (``ReadBatch.FIELDS`` names them), for a kernel that reads the log and goes on in compiled code
+        (``nsqpy.workers.lane.kernels.deliver_round``)."""
+        return self._batch_for(n).block
 
     def advance(self, ch: int, position: int) -> int:
         """Move ch's cursor to position (a record boundary after it); returns the records passed."""

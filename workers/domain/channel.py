@@ -41,7 +41,8 @@ from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.workers.domain.deferred import DeferredNoSpace
 from nsqpy.workers.domain.e2e import new_window
 from nsqpy.workers.domain.hosts import ChannelParent
-from nsqpy.workers.lane.kernels import deliver_round, generations, waiting_positions
+from nsqpy.workers.lane.kernels import deliver_round, generations, round_words, waiting_positions
+from nsqpy.workers.lane.words import ROUND_WORDS
 from nsqpy.workers.storage.poison import DELIVERY
 
 ROUND = 256            # messages per consumer per round: fairness between consumers vs. calls per message
@@ -79,6 +80,7 @@ class Channel:
         self.blocked = False    # the last delivery pass found the in-flight table full
         self._rr = 0            # the consumer whose turn it is to be served first
         self._slots = np.empty(ROUND, np.int64)
+        self._round = np.empty(ROUND_WORDS, np.int64)  # a compiled round's words (kernels.round_words)
         self._status = np.empty(65536, np.int64)
         self._freed = np.empty(65536, np.int64)
         # end-to-end latencies of FINed messages (workers/domain/e2e.py): None without --e2e-processing-latency-percentile
@@ -262,10 +264,10 @@ class Channel:
         w = self.worker
         log, table, out, suspect = self.topic.log, w.inflight, w.round_buffer, w.suspect
         win = log.window
-        n, end, sent = deliver_round(log.ctrl, win.data, win.data64, self.ch, budget, MAX_ROUND_BYTES, now,
-                                     deadline, table.ctl, table.slots, table.index, self.topic.index, self.key,
-                                     s.conn_id, *log.read_arrays(budget), self._slots, out, suspect.w,
-                                     suspect.base, w.direct_fd(s))
+        rd = round_words(self.ch, budget, MAX_ROUND_BYTES, now, deadline, self.topic.index, self.key, s.conn_id,
+                         suspect.base, w.direct_fd(s), self._round)
+        n, end, sent = deliver_round(log.ctrl, win.data, win.data64, table.ctl, table.slots, table.index, rd,
+                                     log.read_block(budget), self._slots, out, suspect.w)
         if n > 0:
             w.send_frames(s, out, end, sent)
             self._started(s, self._slots[:n], deadline)

@@ -14,6 +14,8 @@ from nsqpy.ipc.msglog_kernels import advance, read_channel, write_frames
 from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.ipc import sysio as S
 from nsqpy.workers.storage.poison import COUNT, DELIVERY, KEY, KIND, POS, TOPIC
+from nsqpy.workers.lane.words import (RD_BUDGET, RD_CH, RD_CONN, RD_DEADLINE, RD_FD, RD_KEY, RD_MAX_BYTES, RD_NOW,
+                                      RD_TOPIC, RD_WBASE, ROUND_WORDS)
 
 GENERAL = -1   # deliver_round did nothing: the round needs the general path (Channel._deliver_to)
 
@@ -64,6 +66,15 @@ def waiting_positions(slots, which, out_pos):
         out_pos[i] = slots[b + S_LOG_POS] if state == REQUEUED or state == DEFERRED else -1
 
 
+def round_words(ch, budget, max_bytes, now, deadline, topic, key, conn, wbase, fd, rd=None):
+    """``deliver_round``'s round words (words.py: RD_*), into ``rd`` when given (a caller's own block)."""
+    if rd is None:
+        rd = np.empty(ROUND_WORDS, np.int64)
+    rd[RD_CH], rd[RD_BUDGET], rd[RD_MAX_BYTES], rd[RD_NOW], rd[RD_DEADLINE] = ch, budget, max_bytes, now, deadline
+    rd[RD_TOPIC], rd[RD_KEY], rd[RD_CONN], rd[RD_WBASE], rd[RD_FD] = topic, key, conn, wbase, fd
+    return rd
+
+
 def generations(table, which):
     n = len(which)
     gen, pos, att = np.empty(n, np.int64), np.empty(n, np.int64), np.empty(n, np.int64)
@@ -72,13 +83,13 @@ def generations(table, which):
 
 
 @njit(nogil=True, **JIT)
-def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, table_ctl, table_slots, table_index,
-                  topic, key, conn, pos, lens, flags, ts, ids, nb, att, slots, out, words, wbase, fd):
-    """One delivery round from channel ch's cursor in one call: the log read (``read_channel``, at most
-    ``budget`` records and ``max_bytes`` of frames), their in-flight slots for ``conn`` (deadline ``deadline``)
-    into ``slots``, the cursor moved past them, the suspect words naming the round while it is framed into
-    ``out``, then, with ``fd`` >= 0 (the consumer's socket, nothing queued for it), as much of the frames sent
-    as the socket takes. -> (records delivered, end of their frames in out, bytes of them sent); (0, 0, 0) when
+def deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd, cols, slots, out, words):
+    """One delivery round from channel RD_CH's cursor in one call (``rd``: the round words, words.py's RD_*;
+    ``cols``: the log read's result columns as rows, ``ReadBatch.FIELDS``' order): the log read (``read_channel``,
+    at most RD_BUDGET records and RD_MAX_BYTES of frames), their in-flight slots for RD_CONN (deadline
+    RD_DEADLINE) into ``slots``, the cursor moved past them, the suspect words (at RD_WBASE) naming the round
+    while it is framed into ``out``, then, with RD_FD >= 0 (the consumer's socket, nothing queued for it), as
+    much of the frames sent as the socket takes. -> (records delivered, end of their frames in out, bytes of them sent); (0, 0, 0) when
     there was nothing to read. A send that fails counts as none sent: the caller queues the frames, and the
     session's flush meets the error.
 
@@ -86,8 +97,11 @@ def deliver_round(ctrl, data, data64, ch, budget, max_bytes, now, deadline, tabl
     ``now``), the table has fewer free slots than records read (the general path grows it or stops the cursor
     at the first without one), or the frames do not fit ``out``, and (NO_CHANNEL, 0, 0) for a channel not open.
     The general path then reads again and takes the case. A record whose message already has a slot (re-read
-    after a crash) is passed over, as the general path does. ``att`` receives each delivered record's attempts
-    (stored + 1) next to its position in ``pos``."""
+    after a crash) is passed over, as the general path does. The attempts row receives each delivered record's
+    attempts (stored + 1) next to its position in the positions row."""
+    ch, budget, max_bytes, now, deadline = rd[RD_CH], rd[RD_BUDGET], rd[RD_MAX_BYTES], rd[RD_NOW], rd[RD_DEADLINE]
+    topic, key, conn, wbase, fd = rd[RD_TOPIC], rd[RD_KEY], rd[RD_CONN], rd[RD_WBASE], rd[RD_FD]
+    pos, lens, flags, ts, ids, nb, att = cols[0], cols[1], cols[2], cols[3], cols[4], cols[5], cols[6]
     # read_channel keeps the frames within the byte budget, but for a lone record bigger than it: only that one
     # can outgrow out
     n, nxt, latest = read_channel(ctrl, data64, ch, budget, min(max_bytes, out.shape[0]), pos, lens, flags, ts,
@@ -134,9 +148,10 @@ def warm_up(prefix):
         log.append(b"hello", time.time_ns(), 1)
         table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
         win, words = log.window, np.zeros(16, np.int64)
-        deliver_round(log.ctrl, win.data, win.data64, ch, 8, 1 << 20, time.time_ns(), time.time_ns() + 10**9,
-                      table.ctl, table.slots, table.index, 1, 1, 5, *log.read_arrays(8), np.empty(8, np.int64),
-                      np.empty(1024, np.uint8), words, 0, -1)
+        now = time.time_ns()
+        rd = round_words(ch, 8, 1 << 20, now, now + 10**9, 1, 1, 5, 0, -1)
+        deliver_round(log.ctrl, win.data, win.data64, table.ctl, table.slots, table.index, rd, log.read_block(8),
+                      np.empty(8, np.int64), np.empty(1024, np.uint8), words)
     table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
     ids = np.array([11, 12, 13], np.uint64).view(np.int64)
     slots = np.empty(3, np.int64)

@@ -59,7 +59,8 @@ from nsqpy.workers.lane.words import (A_IDS, A_NB, A_POS, A_TS, CN_OTHER, DATA, 
                                       OW_ARMED, OW_FINS, OW_NODE, OW_ROWS, OW_SEQ, OW_T, OW_TICK, OW_TOPIC_INDEX,
                                       OW_WBASE, OW_WORDS, READ_AT, ROW, ROWS_AT, RW_CH, RW_CONN, RW_DEADLINE, RW_END,
                                       RW_FD, RW_FINS, RW_FREE, RW_GOT, RW_KEY, RW_SENT, RW_TIMEOUT, SLOTS_AT, ST_LEN,
-                                      ST_OFF)
+                                      ST_OFF, RD_AT, RD_BUDGET, RD_CH, RD_CONN, RD_DEADLINE, RD_FD, RD_KEY,
+                                      RD_MAX_BYTES, RD_NOW, RD_TOPIC, RD_WBASE, ROUND_WORDS)
 from nsqpy.workers.domain.session import FIN_LINE  # the one form of FIN the lane takes, as Session.on_data
 
 WORDS = OW_WORDS  # the own path's words (words.py: OW_*, RW_*, A_*, FN_*)
@@ -94,15 +95,14 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
             r += 1
             continue
         deadline = now + ow[b + RW_TIMEOUT]
-        q = READ_AT
         slots = ow[SLOTS_AT + r * MAX_N:SLOTS_AT + (r + 1) * MAX_N]
-        got, end, sent = deliver_round(ctrl, data, data64, ow[b + RW_CH], budget,
-                                       np.int64(MAX_ROUND_BYTES), now, deadline, table_ctl, table_slots,
-                                       table_index, ow[OW_TOPIC_INDEX], ow[b + RW_KEY], ow[b + RW_CONN],
-                                       ow[q:q + MAX_N], ow[q + MAX_N:q + 2 * MAX_N], ow[q + 2 * MAX_N:q + 3 * MAX_N],
-                                       ow[q + 3 * MAX_N:q + 4 * MAX_N], ow[q + 4 * MAX_N:q + 5 * MAX_N],
-                                       ow[q + 5 * MAX_N:q + 6 * MAX_N], ow[q + 6 * MAX_N:q + 7 * MAX_N], slots,
-                                       out, words, ow[OW_WBASE], ow[b + RW_FD])
+        rd = ow[RD_AT:RD_AT + ROUND_WORDS]
+        rd[RD_CH], rd[RD_BUDGET], rd[RD_MAX_BYTES], rd[RD_NOW], rd[RD_DEADLINE] = \
+            ow[b + RW_CH], budget, MAX_ROUND_BYTES, now, deadline
+        rd[RD_TOPIC], rd[RD_KEY], rd[RD_CONN], rd[RD_WBASE], rd[RD_FD] = \
+            ow[OW_TOPIC_INDEX], ow[b + RW_KEY], ow[b + RW_CONN], ow[OW_WBASE], ow[b + RW_FD]
+        got, end, sent = deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd,
+                                       ow[READ_AT:READ_AT + 7 * MAX_N].reshape((7, MAX_N)), slots, out, words)
         ow[b + RW_GOT] = got
         ow[b + RW_END] = end
         ow[b + RW_SENT] = sent

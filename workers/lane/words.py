@@ -66,6 +66,7 @@ Blocks (shape, dtype; writer -> readers):
     (MAX_ROWS x MAX_N: each row's in-flight slots, read by ``done``).
     The FINs the lane took, written by ``own_fin``, read by ``fins_done``: FN_ROW, FN_SLOT (MAX_FINS each: the
     row and the freed slot of each); FN_ID, FN_STATUS, FN_FREED (one FIN's scratch).
+    RD_AT: ROUND_WORDS of ``own_publish``'s, the round words (``rd``, below) of the row it delivers to.
 """
 
 MAX_EVENTS = 1024           # epoll events per wait; also the columns of ``out``
@@ -105,7 +106,8 @@ SLOTS_AT = READ_AT + 7 * MAX_N
 FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N
 FN_SLOT = FN_ROW + MAX_FINS
 FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2
-OW_WORDS = FN_FREED + 1
+RD_AT = FN_FREED + 1  # the round words (RD_*, below) of the row ``own_publish`` delivers to
+OW_WORDS = RD_AT + 10
 
 # counts (the pump's words): after one read's totals (CN_*), the pump's settings, written by ``Pump.__init__``,
 # read by ``pump._read``, ``_settle_and_send`` and ``fastlane.serve``
@@ -163,3 +165,15 @@ LANE_WORDS = RES_WORDS + 4
 #   rings' buffer; RG_CAPACITY its data's size; RG_EVENTFD the owner's eventfd (its wake-up)
 RG_CTL_AT, RG_DATA_AT, RG_CAPACITY, RG_EVENTFD = range(4)
 RG_ROWS = 4
+
+# rd: one delivery round's words (``kernels.deliver_round``), ``(ROUND_WORDS,)`` int64, written by its caller
+# (``Channel._deliver_round``; ``ownpath.own_publish`` for each armed row, in ``ow`` at RD_AT), read by the kernel
+#   RD_CH            the channel's log slot                RD_BUDGET  at most this many records
+#   RD_MAX_BYTES     at most this many bytes of frames (a lone bigger record goes alone)
+#   RD_NOW, RD_DEADLINE   time.time_ns() now, and the round's in-flight deadline
+#   RD_TOPIC, RD_KEY, RD_CONN   the topic's index, the channel's key and the consumer's connection (slots name them)
+#   RD_WBASE         the worker's suspect words' base (``workers/storage/poison.py``)
+#   RD_FD            the consumer's socket, or -1: frame only (output is queued before them)
+RD_CH, RD_BUDGET, RD_MAX_BYTES, RD_NOW, RD_DEADLINE, RD_TOPIC, RD_KEY, RD_CONN, RD_WBASE, RD_FD = range(10)
+ROUND_WORDS = 10
+assert OW_WORDS == RD_AT + ROUND_WORDS
