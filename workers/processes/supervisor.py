@@ -37,7 +37,7 @@ import select
 import signal
 import time
 
-from nsqpy.process import die_with_parent, ignore_interrupt
+from nsqpy.process import die_with_parent, ignore_interrupt, wait_for_exits
 from nsqpy.sdnotify import Notifier
 
 EXIT_CANNOT_RUN = 3
@@ -58,10 +58,11 @@ def backoff(failures, first=BACKOFF_FIRST, cap=BACKOFF_MAX):
 
 class Child:
     __slots__ = ("name", "target", "pid", "started", "quick_deaths", "restarts", "due", "fork_failures",
-                 "stop_order", "restart_to_stop", "kind")
+                 "stop_order", "restart_to_stop", "kind", "on_term")
 
-    def __init__(self, name, target, stop_order=0, restart_to_stop=False, kind=None):
+    def __init__(self, name, target, stop_order=0, restart_to_stop=False, kind=None, on_term=None):
         self.name = name
+        self.on_term = on_term  # called right after its SIGTERM at shutdown (e.g. to wake it from a timed wait)
         self.kind = kind  # the byte it writes to the ready pipe (None: not waited for by kind)
         self.stop_order = stop_order  # shutdown stops lower orders first and waits for them
         self.restart_to_stop = restart_to_stop  # waiting for its restart at shutdown: start it to stop it
@@ -93,13 +94,14 @@ class Supervisor:
         self.periodic = []      # callables run every loop turn, at most PERIODIC apart (nsqd.dat upkeep)
         self.clean_exit = True  # shutdown: every child exited 0 (none killed, none died with an error)
 
-    def add(self, name, target, stop_order=0, restart_to_stop=False, kind=None):
+    def add(self, name, target, stop_order=0, restart_to_stop=False, kind=None, on_term=None):
         """``stop_order``: at shutdown, children are stopped in groups of ascending order, each group after the
         previous one exited (nsqd: what feeds the workers first, then the workers, then the scanner).
         ``restart_to_stop``: a child that is waiting for its restart when the shutdown begins is started then
         (nsqd's workers: their stop saves the messages they hold). ``kind``: the byte the child writes to the
-        ready pipe, for ``wait_ready`` by kind."""
-        self.children.append(Child(name, target, stop_order, restart_to_stop, kind))
+        ready pipe, for ``wait_ready`` by kind. ``on_term``: called right after the child's SIGTERM at shutdown
+        (nsqd's scanner: an eventfd write ends its timed wait, where its signal handler only sets a flag)."""
+        self.children.append(Child(name, target, stop_order, restart_to_stop, kind, on_term))
 
     def restart_counts(self):
         """{child name: restarts so far}."""
@@ -305,20 +307,21 @@ class Supervisor:
             try:
                 os.kill(child.pid, signal.SIGTERM)
             except ProcessLookupError:
-                pass
-        alive = group
-        while alive and time.monotonic() < deadline:
-            still = []
-            for c in alive:
-                pid, status = self._waitpid(c.pid)
-                if not pid:
-                    still.append(c)
-                elif status != 0 and not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM):
-                    self.clean_exit = False  # (a child without a SIGTERM handler dies of it: that is its stop)
-                    self.log.warn(f"{c.name} stopped with exit status {os.waitstatus_to_exitcode(status)}")
-            alive = still
-            if alive:
-                time.sleep(0.01)  # polling reaped children at shutdown; no event to wait on
+                continue
+            if child.on_term is not None:
+                try:
+                    child.on_term()
+                except OSError as e:
+                    self.log.error(f"{child.name}: could not wake it at stop: {e}")
+        still = set(wait_for_exits([c.pid for c in group], deadline))  # each exit wakes it (no polling)
+        alive = []
+        for c in group:
+            pid, status = (0, 0) if c.pid in still else self._waitpid(c.pid)
+            if not pid:
+                alive.append(c)
+            elif status != 0 and not (os.WIFSIGNALED(status) and os.WTERMSIG(status) == signal.SIGTERM):
+                self.clean_exit = False  # (a child without a SIGTERM handler dies of it: that is its stop)
+                self.log.warn(f"{c.name} stopped with exit status {os.waitstatus_to_exitcode(status)}")
         if alive:
             self.clean_exit = False
         for child in alive:
@@ -338,15 +341,33 @@ class Supervisor:
             child.due = None
         if any(not c.pid and c.restart_to_stop for c in self.children):
             self.clean_exit = False  # one could not be forked: what it held is left for the next start
-        deadline = time.monotonic() + self.shutdown_timeout
+        t0 = time.monotonic()
+        deadline = t0 + self.shutdown_timeout
+        took = []  # (what, seconds) per step, for the line that says where the stop's time went
         for order in sorted({c.stop_order for c in self.children}):
-            self._stop_group([c for c in self.children if c.stop_order == order and c.pid], deadline)
+            group = [c for c in self.children if c.stop_order == order and c.pid]
+            t = time.monotonic()
+            self._stop_group(group, deadline)
+            if group:
+                took.append((_names(group), time.monotonic() - t))
         for child in self.children:
             child.pid = 0
+        t = time.monotonic()
         for fn in reversed(self.cleanups):
             try:
                 fn()
             except OSError as e:
                 if e.errno != errno.ENOENT:
                     self.log.error(f"cleanup failed: {e}")
+        if self.cleanups:
+            took.append(("cleanups", time.monotonic() - t))
         self.cleanups.clear()
+        if took:
+            self.log.info(f"stopped in {time.monotonic() - t0:.3f}s: "
+                          + ", ".join(f"{what} {s:.3f}s" for what, s in took))
+
+
+def _names(group):
+    """The children of a stop group as the stop's line names them: 'acceptor+http', 'worker 0..3'."""
+    names = [c.name for c in group]
+    return "+".join(names) if len(names) <= 3 else f"{names[0]}..{names[-1].rpartition(' ')[2]}"
