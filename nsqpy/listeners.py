@@ -6,19 +6,23 @@ import socket
 
 from nsqpy.preflight import listen_error
 
-__all__ = ["bind_listener", "bind_or_say", "shown_address"]
+__all__ = ["LISTEN_BACKLOG", "bind_listener", "bind_or_say", "shown_address"]
+
+LISTEN_BACKLOG = 1024  # connections the kernel queues before they are accepted
 
 
-def bind_listener(address: str) -> socket.socket:
+def bind_listener(address: str, listen: bool = True) -> socket.socket:
     """A listening socket on ``host:port`` (``[v6]:port``; an empty host is every IPv4 address). OSError when
-    it cannot bind, ValueError when the port is not a number."""
+    it cannot bind, ValueError when the port is not a number. ``listen=False``: bound only (the port is taken and
+    port 0 resolved, but a connection is refused until the caller calls ``listen(LISTEN_BACKLOG)``)."""
     host, _, port = address.rpartition(":")
     host = host.strip("[]") or "0.0.0.0"
     sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
     try:
         sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
         sock.bind((host, int(port)))
-        sock.listen(1024)
+        if listen:
+            sock.listen(LISTEN_BACKLOG)
     except BaseException:
         sock.close()
         raise

@@ -1,18 +1,15 @@
-"""What nsqd checks before it warms up (which can compile for tens of seconds): the data path and the listen
-addresses. Each failure is one line that says what is wrong and what to do, instead of a traceback naming a file
-nsqd would have created (a journal, nsqd.dat) or an ``Address already in use`` that names no address, after the
-compile.
+"""What nsqd checks before anything heavy (its imports, the warm-up, which can compile for tens of seconds): the data
+path, and the wording of a listener that cannot be bound. Each failure is one line that says what is wrong and
+what to do, instead of a traceback naming a file nsqd would have created (a journal, nsqd.dat) or an ``Address
+already in use`` that names no address, after the compile.
 
-The address check binds each address with a port and closes it at once: the listeners themselves are bound
-later, where they always were (a client connecting during the warm-up is refused, not left waiting). A port taken
-in between still fails there, with the same message. nsqlookupd binds at once and words its failures with
-``listen_error`` too.
+nsqd binds its listeners for real right after ``check_data_path`` (``nsqd._bind_listeners``), and words a failure
+with ``listen_error``; nsqlookupd and nsqadmin bind at once and word theirs with it too.
 """
 from __future__ import annotations
 
 import errno
 import os
-import socket
 import tempfile
 
 
@@ -46,24 +43,3 @@ def listen_error(flag: str, address: str, e: OSError) -> str:
         return (f"listen ({address}) failed - permission denied: a port below 1024 needs privileges; choose "
                 f"another {flag}")
     return f"listen ({address}) failed - {e.strerror or e}"
-
-
-def check_addresses(addresses) -> None:
-    """``addresses``: (flag, "host:port") pairs; an empty address (listener off) or port 0 is not checked."""
-    for flag, address in addresses:
-        if not address:
-            continue
-        host, _, port = address.rpartition(":")
-        host = host.strip("[]") or "0.0.0.0"
-        try:
-            port = int(port)
-        except ValueError:
-            raise PreflightError(f"{flag}={address}: the port is not a number") from None
-        if port == 0:
-            continue
-        with socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM) as sock:
-            sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as the listener: TIME_WAIT is no conflict
-            try:
-                sock.bind((host, port))
-            except OSError as e:
-                raise PreflightError(listen_error(flag, address, e)) from None

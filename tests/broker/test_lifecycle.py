@@ -2,7 +2,9 @@
 stop right after start, a test harness giving up) must end in a clean exit, with no child left running and no
 shared memory left behind."""
 import os
+import re
 import signal
+import socket
 import subprocess
 import sys
 import time
@@ -135,3 +137,56 @@ def test_a_stop_is_clean_and_the_next_start_loads_everything(nsqd_factory, tmp_p
     said = again.output()
     assert not [w for w in LOSS_WORDS if w in said], said
     _drain_all(again.address, topic, bodies)
+
+
+# ---- a warm start listens before its kernels load; a stop says where its time went ----------------------------
+
+def _free_port():
+    with socket.socket() as s:
+        s.bind(("127.0.0.1", 0))
+        return s.getsockname()[1]
+
+
+def _connect(port):
+    try:
+        return socket.create_connection(("127.0.0.1", port), timeout=60)
+    except ConnectionRefusedError:
+        return None
+
+
+def test_a_connection_made_before_the_listening_line_is_served_and_the_stop_says_where_its_time_went(tmp_path):
+    """A warm nsqd listens as soon as it knows its kernels are cached, before they load: a client that connects
+    then is queued by the kernel, not refused, and its PUB is answered once the workers are up. NSQ's listening
+    line still comes only once TCP is served. The stop ends with one line naming each step's time."""
+    port = _free_port()
+    log = tmp_path / "nsqd.log"
+    with open(log, "wb") as out:
+        proc = subprocess.Popen([sys.executable, "-m", "nsqpy.workers.processes.nsqd", f"--tcp-address=127.0.0.1:{port}",
+                                 "--http-address=127.0.0.1:0", f"--data-path={tmp_path}", "--workers=2"],
+                                stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+    try:
+        sock = wait_until(lambda: _connect(port), timeout=START_DEADLINE, what="a connection to nsqd",
+                          interval=0.005)
+        with sock:
+            early = "TCP: listening on" not in log.read_text()  # (a cold cache listens after its compile)
+            sock.sendall(C.MAGIC_V2 + C.pub(unique(), b"x"))
+            reply = b""
+            while len(reply) < 10:
+                chunk = sock.recv(64)
+                assert chunk, reply
+                reply += chunk
+            assert reply[8:10] == b"OK", reply
+        said = log.read_text()
+        assert "TCP: listening on" in said, said  # served: its line is out
+        if "compiling" not in said:
+            assert early, said
+        wait_until(lambda: "HTTP: listening on" in log.read_text(), timeout=START_DEADLINE, what="HTTP served")
+        proc.send_signal(signal.SIGTERM)
+        assert proc.wait(SHUTDOWN_DEADLINE) == 0, log.read_text()
+    finally:
+        if proc.poll() is None:
+            os.killpg(proc.pid, signal.SIGKILL)
+    stopped = [line for line in log.read_text().splitlines() if "stopped in" in line]
+    assert len(stopped) == 1, log.read_text()
+    assert re.search(r"stopped in [0-9.]+s: acceptor\+http [0-9.]+s, worker 0\+worker 1 [0-9.]+s, "
+                     r"scanner [0-9.]+s, cleanups [0-9.]+s$", stopped[0]), stopped

@@ -5,9 +5,11 @@
 
 Theory of operation
 -------------------
-* The supervisor binds --http-address before it forks anything (``bind_http``), as it binds the TCP listener:
-  a bind error stops nsqd at start, port 0 is resolved once, and a restarted arbiter serves the same socket
-  (connections queue in its backlog meanwhile). The arbiter gets it as a pre-set listener, never binds itself.
+* nsqd binds --http-address (and --https-address) before anything else, as it binds the TCP listener
+  (``nsqd._bind_listeners``): a bind error stops nsqd at start, port 0 is resolved once, and a restarted arbiter
+  serves the same socket (connections queue in its backlog meanwhile). The arbiter gets it as a pre-set
+  listener, never binds itself. With HTTPS, a second arbiter serves the same app on producer slots of its own
+  (``split_slots``).
 * Each gunicorn worker inherits the Plan through two forks and builds, after its fork, a ``StatsReader`` (reads)
   and a ``ControlPlane`` (publishes, commands) on its own producer slot. Slots: ``plan.workers`` upwards,
   ``plan.producers - 1`` left to the nsqlookupd registrar. The arbiter picks the slot in ``pre_fork``: the
@@ -19,8 +21,10 @@ Theory of operation
   slots, and a ring has one writer.
 * gunicorn's own systemd notification is switched off (NOTIFY_SOCKET removed): nsqd's supervisor is the
   service. Its log lines go through nsqpy's logger in NSQ's format (its INFO chatter at DEBUG).
-* Ready: the arbiter's ``when_ready`` writes the child's ready byte; only then does nsqd log ``HTTP: listening
-  on``. /config/log_level is shared by the HTTP processes through one word of shared memory.
+* Ready: the last of the arbiter's first workers to boot (app loaded, handlers set: ``post_worker_init``)
+  writes the child's ready byte; only then does nsqd count HTTP as served (its ``serving ...: every process is
+  up`` line and systemd's READY=1; after a cold start, its ``HTTP: listening on`` line too). /config/log_level
+  is shared by the HTTP processes through one word of shared memory.
 """
 from __future__ import annotations
 
@@ -31,26 +35,10 @@ import socket
 import sys
 
 from nsqpy.broker.health import unhealthy_reason
-from nsqpy.workers.processes.plan import split_address
 
 WORKER_CLASSES = ("sync", "gthread", "asgi")
 PUBLISH_TIMEOUT = 10.0   # seconds a /pub waits for room in the owner's ring before 503 EXITING
 COMMAND_TIMEOUT = 10.0   # seconds a /topic/... or /channel/... waits for the owner's answer
-
-
-def bind_http(opts):
-    """The HTTP listener (supervisor, before fork), or None when --http-address is empty."""
-    if not opts.http_address:
-        return None
-    return _bind(opts.http_address)
-
-
-def bind_https(opts):
-    """The HTTPS listener: --https-address, only with --tls-cert and --tls-key (as nsqd). The same app is served
-    there by a second gunicorn arbiter whose workers take their own producer slots (``split_slots``)."""
-    if not opts.tls_cert or not opts.https_address:
-        return None
-    return _bind(opts.https_address)
 
 
 def split_slots(plan, https):
@@ -62,20 +50,6 @@ def split_slots(plan, https):
     return slots[:n], slots[n:2 * n]
 
 
-def _bind(address):
-    host, port = split_address(address)
-    sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-    sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-    sock.bind((host, port))
-    sock.listen(1024)
-    return sock
-
-
-def shown_address(sock) -> str:
-    host, port = sock.getsockname()[:2]
-    return f"[{host}]:{port}" if ":" in host else f"{host}:{port}"
-
-
 def http_slots(plan) -> list:
     """The producer slots gunicorn workers may use (the last one is the nsqlookupd registrar's)."""
     return list(range(plan.workers, plan.producers - 1))
@@ -85,6 +59,15 @@ def http_main(plan, sock, restarted, ready_fd, log, version_line, workers, worke
               tls=False):
     os.environ.pop("NOTIFY_SOCKET", None)
     from nsqpy.workers.processes.http_gunicorn import NsqdGunicorn  # here, not at the top: the supervisor never imports gunicorn
+    # What each gunicorn worker imports to build its app (build_deps, create_app): imported once here, before the
+    # arbiter forks them, instead of after each fork (falcon, the app, prometheus_client: ~0.2 s per worker on a
+    # loaded machine, on the cores the broker's own processes start on). Nothing here starts a thread or a loop.
+    import nsqpy.broker.stats  # noqa: F401
+    import nsqpy.http_api.metrics  # noqa: F401
+    import nsqpy.http_api.nsqd_app  # noqa: F401
+    import nsqpy.workers.control.client  # noqa: F401
+    if worker_class == "asgi":
+        import falcon.asgi  # noqa: F401
 
     level = SharedLevel(log.level)
     slots = http_slots(plan) if slots is None else slots

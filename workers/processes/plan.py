@@ -29,7 +29,6 @@ destroys them at clean shutdown.
 import glob
 import mmap
 import os
-import socket
 
 from nsqpy.ipc.fdpass import channel_pair
 from nsqpy.ipc.heap import TimerHeap, heap_nbytes, heap_reserved_ranges
@@ -60,7 +59,7 @@ class Plan:
         self.node_id = opts.node_id
         self.prefix = instance_prefix(self.data_path, self.node_id)
         self.segments = []
-        self.listener = None
+        self.listener = None       # the TCP listener: nsqd binds it before anything else (nsqd._bind_listeners)
         self.inboxes = []          # (receiving end, sending end) per worker
         self.link_set = None
         self.control = None
@@ -126,16 +125,6 @@ class Plan:
         self.log.info(f"forwarding rings: {rings} x {self.pub_capacity >> 10} KiB (--ring-budget={budget}{floor}): "
                       f"{worst >> 20} MiB of /dev/shm at most, taken as they fill")
 
-    def bind(self):
-        host, port = split_address(self.opts.tcp_address)
-        sock = socket.socket(socket.AF_INET6 if ":" in host else socket.AF_INET, socket.SOCK_STREAM)
-        sock.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)
-        sock.bind((host, port))
-        sock.listen(1024)
-        sock.set_inheritable(True)
-        self.listener = sock
-        return sock.getsockname()[:2]
-
     def keep(self):
         """An unclean stop (a worker could not save its messages, or was killed): leave every segment and journal
         for the next start to salvage (``workers/storage/broker_crash.py``)."""
@@ -193,9 +182,3 @@ def idle_shm_bytes(workers, external_producers=8, ring_budget=links.RING_BUDGET,
         "heaps": _pages(heaps),
         "stats": PAYLOAD_OFFSET + align_up(Board.nbytes(workers), mmap.PAGESIZE),
     }
-
-
-def split_address(addr):
-    host, _, port = addr.rpartition(":")
-    host = host.strip("[]") or "0.0.0.0"
-    return host, int(port)
