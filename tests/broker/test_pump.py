@@ -437,8 +437,8 @@ class _Mover:
 
     def __init__(self, placement, idle=True, moved_in=0, fail=False, busy=False):
         self.index, self.placement, self.control = 0, placement, _Control(moved_in, busy)
-        self._owner_naps = OwnerNaps(3)
-        self._owner_naps.idle[1] = idle
+        self.owner_naps = OwnerNaps(3)
+        self.owner_naps.idle[1] = idle
         self.fail = fail
         self.handed = []
 

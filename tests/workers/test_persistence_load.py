@@ -1,4 +1,4 @@
-"""Loading a channel's on-disk queue into its log (Persistence._append_private) with a real message log and
+"""Loading a channel's on-disk queue into its log (CleanStop._append_private) with a real message log and
 deferred store, and no broker: a batch mixing due and deferred messages goes in run by run, and when the store
 cannot grow, the load stops after the runs that went in, so that none is loaded twice at the next start."""
 import errno
@@ -10,7 +10,7 @@ import pytest
 
 from tests.workers.fakes import setup  # noqa: F401 (fixture)
 from nsqpy.workers.domain.deferred import DeferredStore, LocalChunks
-from nsqpy.workers.storage.clean_stop import LoadStopped, Persistence
+from nsqpy.workers.storage.clean_stop import CleanStop, LoadStopped
 
 
 class NoMemoryChunks(LocalChunks):
@@ -20,7 +20,8 @@ class NoMemoryChunks(LocalChunks):
 
 def loader(store):
     calls = []
-    return SimpleNamespace(deferred=store, deferred_changed=lambda: calls.append(1), calls=calls)
+    return SimpleNamespace(deferred=store, deadlines=SimpleNamespace(deferred_changed=lambda: calls.append(1)),
+                           calls=calls)
 
 
 def batch(dues):
@@ -40,7 +41,7 @@ def load(setup, store, dues):  # noqa: F811 (the fixture)
     me = loader(store)
     topic = SimpleNamespace(log=log, index=1)
     try:
-        Persistence._append_private(me, topic, ch, *batch(dues))
+        CleanStop._append_private(me, topic, ch, *batch(dues))
         stopped = None
     except LoadStopped as e:
         stopped = e

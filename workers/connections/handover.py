@@ -4,11 +4,19 @@ round-trip producer to its topics' owner) and leave.
 Theory of operation: a connection travels as its socket (SCM_RIGHTS over the receiving worker's hand-over
 channel) plus a JSON blob of what the session negotiated, the replies it had not sent yet and, for a subscriber,
 the bytes read after SUB. The sending worker flushes first and forgets the socket only once the hand-over was
-sent; the receiving one builds a fresh Session around it. ``Connections`` is mixed into ``Worker``, whose state it
-uses (sessions, pump, plan, control).
+sent; the receiving one builds a fresh Session around it.
+
+``Connections`` is one part of ``nsqpy.workers.processes.worker.Worker``. It owns the worker's sessions (by connection
+id; the dict is never rebound, others read it) and the connection-id sequence. It is built with what it uses: the
+host handed to each Session (the worker: ``Session(host, ...)``; Session declares what it uses of it), the
+worker's hand-over channel and every worker's (``inboxes``), the loop, the log, the control block, the pump
+(``settle`` before a hand-over), the parser limits, the placement policy with its ``OwnerNaps``, and the topic
+table's ``subscribe`` (``Subscriber``) for a subscriber moved here.
 """
 import json
 import socket
+import time
+from typing import Protocol
 
 import numpy as np
 from numba import njit
@@ -57,8 +65,32 @@ class OwnerNaps:
         owner_nap(self.naps, owner, 1 if woke else 0)
 
 
+class Subscriber(Protocol):
+    """The topic table (``workers/domain/topics.py``): SUB of a session, here or (MIGRATED) at the owner."""
+
+    def subscribe(self, s, topic: str, channel: str): ...
+
+
 class Connections:
-    def _on_handoff(self):
+    def __init__(self, host, index, workers, inboxes, loop, log, control, pump, limits, placement,
+                 owner_naps: OwnerNaps, subscriber: Subscriber):
+        self.host = host
+        self.index = index
+        self.workers = workers
+        self.inboxes = inboxes
+        self.inbox = inboxes[index][0]
+        self.loop = loop
+        self.log = log
+        self.control = control
+        self.pump = pump
+        self.limits = limits
+        self.placement = placement
+        self.owner_naps = owner_naps
+        self.subscriber = subscriber
+        self.sessions = {}
+        self.conn_seq = (int(time.time()) & 0xFFFFF) << 24
+
+    def on_handoff(self):
         while True:
             try:
                 msg = self.inbox.try_recv()
@@ -88,11 +120,11 @@ class Connections:
                 self._moved_session(sock, remote, msg.kind, msg.blob)
 
     def _next_conn(self):
-        self._conn_seq += 1
-        return self._conn_seq
+        self.conn_seq += 1
+        return self.conn_seq
 
     def _new_session(self, sock, remote, first_bytes=b""):
-        s = Session(self, sock, self._next_conn(), remote)
+        s = Session(self.host, sock, self._next_conn(), remote)
         self.sessions[s.conn_id] = s
         self.control.add_connections(self.index, 1)
         self.log.info(f"TCP: new client({remote[0]}:{remote[1]})")
@@ -100,7 +132,7 @@ class Connections:
 
     def migrate(self, s, sub, rest):
         """Hand a connection that just sent SUB to the topic's owner, with its state and unparsed bytes."""
-        self._hand_over(s, owner_of(sub.topic, self.plan.workers), MOVED_SUBSCRIBER,
+        self._hand_over(s, owner_of(sub.topic, self.workers), MOVED_SUBSCRIBER,
                         {"topic": sub.topic, "channel": sub.channel, "rest": rest.hex()})
 
     def move_producer(self, s, owner):
@@ -115,7 +147,7 @@ class Connections:
         to_owner = owner >= 0
         if not to_owner:
             owner = self.control.least_loaded(besides=self.index)
-        elif self.placement == AUTO and not (self._owner_naps.idle[owner] and not self.control.busy(owner)
+        elif self.placement == AUTO and not (self.owner_naps.idle[owner] and not self.control.busy(owner)
                                              and self.control.moved_in(owner) < MOVE_IN_CAP):
             return  # the owner is busy or has its share of moved producers: stay (the pump asks again later)
         if to_owner:
@@ -136,7 +168,7 @@ class Connections:
         }
         blob = json.dumps(state).encode()
         try:
-            self.plan.inboxes[owner][1].send(kind, s.conn_id, blob, s.fd, timeout=5)
+            self.inboxes[owner][1].send(kind, s.conn_id, blob, s.fd, timeout=5)
         except Exception as e:
             self.log.error(f"could not hand {s.remote_text} to worker {owner}: {e}")
             s.close()
@@ -168,7 +200,7 @@ class Connections:
             parser = V2Parser(self.limits, expect_magic=False, state=STATE_SUBSCRIBED, stop_after_sub=True)
         else:
             parser = V2Parser(self.limits, expect_magic=False, state=state["parser_state"], stop_after_sub=True)
-        s = Session(self, sock, self._next_conn(), remote, parser, settings, state["connect_ts"])
+        s = Session(self.host, sock, self._next_conn(), remote, parser, settings, state["connect_ts"])
         s.pub_counts = state["pub_counts"]
         if state.get("auth") is not None:
             s.auth = AuthState.from_blob(state["auth"])
@@ -188,7 +220,7 @@ class Connections:
             return
         self.log.debug(f"worker {self.index}: took over {remote} for {state['topic']}")
         try:
-            self.subscribe(s, state["topic"], state["channel"])
+            self.subscriber.subscribe(s, state["topic"], state["channel"])
         except ProtocolError as err:
             s._fail(err)
             return

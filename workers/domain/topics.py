@@ -1,29 +1,74 @@
 """A worker's topics and channels: creating them on first use, deleting them, subscribing consumers, and the
 control commands other processes send (``workers/control/commands.py``, through ``workers/control/client.py``).
 
-A mixin of ``nsqpy.workers.processes.worker.Worker``; it uses the worker's ``topics``, ``topics_by_index``, ``channels_by_key``,
-``directory`` (the topic journal, ``workers/storage/topic_journal.py``), ``stats`` and ``_catch_up``.
-"""
+``TopicTable`` is one part of ``nsqpy.workers.processes.worker.Worker``. It owns the worker's topics (by name and by
+log index), its channels by in-flight key and the two sequence counters the topic journal records; the dicts are
+never rebound, so others may hold them (read only). It is built with what it uses: the host handed to each Topic
+(the worker: ``Topic(host, ...)``; the Topic and Channel classes declare what they use of it), the topic journal
+(``Directory``), the stats plane (``StructureStats``), ``catch_up`` (append what other workers committed to
+their rings before a topic goes), ``storage_failed(what, exc)``, and the Topic and Channel classes (tests give
+fakes).
 
+Capacity: a topic that cannot be created (no shared memory, no file descriptor, the journal cannot record it) is
+StorageError, a clear E_PUB_FAILED / E_SUB_FAILED for its client; a topic whose channel slots are all taken
+(``MessageLog.open_channel``) refuses the next channel with E_SUB_FAILED saying so.
+"""
+from typing import Callable, Protocol
 
 from nsqpy.ipc.msglog import LogError
 from nsqpy.protocol.errors import SubFailed, TooManyChannelConsumers
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.workers.control import commands as CMD
 from nsqpy.workers.publishing.records import owner_of
+from nsqpy.workers.domain.channel import Channel
 from nsqpy.workers.domain.session import MIGRATED
 from nsqpy.workers.domain.topic import StorageError, Topic
 
 
-class Registry:
+class Directory(Protocol):
+    """What the table uses of the topic journal (``workers/storage/topic_journal.py``)."""
+
+    def topic_created(self, name: str, index: int) -> None: ...
+
+    def topic_deleted(self, index: int) -> None: ...
+
+
+class StructureStats(Protocol):
+    """What the table uses of the stats plane (``workers/domain/stats_rows.py``)."""
+    changed: set
+
+    def structure_changed(self, name: str) -> None: ...
+
+
+class TopicTable:
+    def __init__(self, host, index: int, workers: int, opts, directory: Directory, stats: StructureStats,
+                 catch_up: Callable[[], None], storage_failed: Callable[[str, BaseException], None], log,
+                 topic_class=Topic, channel_class=Channel):
+        self.host = host
+        self.index = index
+        self.workers = workers
+        self.max_channel_consumers = opts.max_channel_consumers
+        self.directory = directory
+        self.stats = stats
+        self.catch_up = catch_up
+        self.storage_failed = storage_failed
+        self.log = log
+        self.topic_class = topic_class
+        self.channel_class = channel_class
+        self.topics = {}
+        self.topics_by_index = {}
+        self.channels_by_key = {}
+        self.topic_seq = 0
+        self.channel_seq = 0
+
     # ---- topics and channels ---------------------------------------------------------------------------
     def get_topic(self, name, restarted=False):
         """The topic, created on first use. Raises StorageError (logged) when its shared memory cannot be had."""
         t = self.topics.get(name)
         if t is None:
-            self._topic_seq += 1
+            self.topic_seq += 1
             try:
-                t = Topic(self, name, self._topic_seq, restarted)
+                t = self.topic_class(self.host, name, self.topic_seq, restarted)
             except (OSError, LogError) as e:
                 self.storage_failed(f"TOPIC({name}): cannot be created", e)
                 raise StorageError(f"topic {name} cannot be created: {e}") from None
@@ -43,18 +88,18 @@ class Registry:
         if name in self.topics:
             # publishes other workers answered OK before this came first: append them, so they go with the topic
             # (an #ephemeral topic whose last consumer left must not come back with them)
-            self._catch_up()
+            self.catch_up()
         t = self.topics.pop(name, None)
         if t is not None:
             self.topics_by_index.pop(t.index, None)
             t.destroy()
             self.stats.structure_changed(name)
-            self._record(self.directory.topic_deleted, t.index)
+            self.record(self.directory.topic_deleted, t.index)
             self.log.info(f"TOPIC({name}): deleted")
 
-    def _record(self, change, *args):
+    def record(self, change, *args):
         """A deletion for the directory; one that cannot be written is logged: the replacement of a worker that
-        dies before the next change skips what it cannot find any more (``_recover``)."""
+        dies before the next change skips what it cannot find any more (``recover``)."""
         try:
             change(*args)
         except OSError as e:
@@ -67,7 +112,7 @@ class Registry:
         name = CMD.OP_NAMES.get(op, op)
         if name not in CMD.OP_CODES or (name.startswith("channel_") and not channel):
             return CMD.INVALID
-        if owner_of(topic, self.plan.workers) != self.index:
+        if owner_of(topic, self.workers) != self.index:
             return CMD.NOT_OWNER
         try:
             if name == "topic_create":
@@ -77,6 +122,9 @@ class Registry:
                 self.get_topic(topic).get_channel(channel)
                 return CMD.OK
         except StorageError:
+            return CMD.FAILED
+        except LogError as e:  # every channel slot of the topic is taken
+            self.log.error(f"worker {self.index}: CHANNEL({topic}:{channel}) cannot be created: {e}")
             return CMD.FAILED
         t = self.topics.get(topic)
         if t is None:
@@ -100,19 +148,48 @@ class Registry:
         return CMD.OK
 
     def next_channel_key(self):
-        self._channel_seq += 1
-        return self._channel_seq
+        self.channel_seq += 1
+        return self.channel_seq
 
     def subscribe(self, s, topic, channel):
-        if owner_of(topic, self.plan.workers) != self.index:
+        if owner_of(topic, self.workers) != self.index:
             return MIGRATED
         try:
             ch = self.get_topic(topic).get_channel(channel)
         except StorageError as e:
             raise SubFailed(f"SUB failed {e}") from None
-        limit = self.opts.max_channel_consumers
+        except LogError as e:  # every channel slot of the topic is taken
+            raise SubFailed(f"SUB failed channel {topic}:{channel} cannot be created: {e}") from None
+        limit = self.max_channel_consumers
         if limit and len(ch.consumers) >= limit:
             raise TooManyChannelConsumers(f"channel consumers for {topic}:{channel} exceeds limit of {limit}")
         ch.add_consumer(s)
         s.write(OK_FRAME)
         return None
+
+    # ---- a replacement worker ------------------------------------------------------------------------
+    def recover(self, doc):
+        """Re-attach the topics and channels of the topic directory ``doc`` (what the dead predecessor recorded),
+        with its counters; a topic that cannot be re-attached is logged and skipped."""
+        self.topic_seq = doc.get("topic_seq", 0)
+        self.channel_seq = doc.get("channel_seq", 0)
+        for td in doc["topics"]:
+            try:
+                t = self.topic_class(self.host, td["name"], td["index"], restarted=True)
+            except Exception as e:
+                # e.g. deleted by the dead process after its last recorded change: a topic that cannot be
+                # re-attached must not take the worker's other topics down with it (a crash loop)
+                self.log.error(f"worker {self.index}: TOPIC({td['name']}) cannot be recovered: {e!r}")
+                continue
+            t.paused = td["paused"]
+            self.topics[t.name] = t
+            self.topics_by_index[t.index] = t
+            for cd in td["channels"]:
+                ch = self.channel_class(t, cd["name"], cd["ch"], cd["key"])
+                ch.paused = cd["paused"]
+                t.channels[ch.name] = ch
+                self.channels_by_key[ch.key] = ch
+            known = {c.ch for c in t.channels.values()}
+            for slot in t.log.open_channels():
+                if slot not in known:  # opened by the dead process just before it could record it
+                    t.log.close_channel(slot)

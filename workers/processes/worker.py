@@ -15,14 +15,19 @@ Theory of operation (see ARCHITECTURE.md for the whole broker):
 * Every loop iteration ends with ``_idle``: drain the input rings (forwarded publishes, scanner expiries), commit
   the pump's lone PUBs, deliver to channels that have both messages and ready consumers, then flush every session
   that has output. Sessions given messages flush first, and lone PUBs to our own topics deliver before the
-  pump's OKs (``_publish_staged``): a PUB's consumers get it before its producer gets the OK.
+  pump's OKs (``Forwarder.publish_staged``): a PUB's consumers get it before its producer gets the OK.
 
-The worker's jobs each have a module of their own, mixed into ``Worker``: publishing and the rings
-(``forwarding.py``), topics, channels and control commands (``topics.py``), timers and deferred messages
-(``deadlines.py``), low-water marks and compaction (``log_space.py``) and recovery after a crash
-(``worker_restart.py``); this module keeps the process's plumbing, the loop's idle work, delivery and flushing.
-Topic, Channel and Session use a narrow part of it (``workers/domain/channel.py`` lists what a channel needs), so each
-is unit-tested with a small fake (``tests/workers/fakes.py``).
+The worker's jobs are parts it owns, each a class with its own state in a module of its own, built in
+``Worker.__init__`` with exactly what it uses (another part's service comes in typed by a small ``Protocol`` of
+that module): ``Forwarder`` (publishing and the rings, ``workers/publishing/forwarding.py``), ``TopicTable`` (topics,
+channels, SUB and control commands, ``workers/domain/topics.py``), ``Connections`` (``workers/connections/handover.py``),
+``Deadlines`` (timers and deferred messages, ``workers/timing/deadlines.py``), ``LogSpace`` (low-water marks and
+compaction, ``workers/storage/log_space.py``), ``SyncPolicy`` (``workers/storage/sync_policy.py``), ``CleanStop`` (save
+and load, ``workers/storage/clean_stop.py``) and ``Restart`` (after a crash, ``workers/storage/worker_restart.py``);
+this module keeps the process's plumbing, the loop's idle work, delivery and flushing. Topic, Channel and Session
+are given the worker and use a narrow set of its services (``workers/domain/channel.py`` lists what a channel
+needs), so each is unit-tested with a small fake (``tests/workers/fakes.py``); the parts are unit-tested with
+fakes of their Protocols (``tests/workers/worker_fakes.py``).
 
 Restart: a worker forked again after a crash (``restarted``) reads its topic directory, re-attaches and recovers
 each topic's log, recovers its in-flight table and requeues everything that was in flight at the dead process's
@@ -39,24 +44,21 @@ import numpy as np
 
 from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.workers.domain.deferred import DeferredStore, ShmChunks
-from nsqpy.workers.storage.sync_policy import Durability
+from nsqpy.workers.storage.sync_policy import SyncPolicy
 from nsqpy.workers.lane.fastlane import FastLane
-from nsqpy.workers.publishing.forwarding import Forwarding
+from nsqpy.workers.publishing.forwarding import Forwarder, crash_if_marked
 from nsqpy.workers.connections.handover import Connections, OwnerNaps
 from nsqpy.workers.processes.event_loop import Loop
 from nsqpy.workers.lane.ownpath import OwnPath
-from nsqpy.workers.storage.clean_stop import Persistence
+from nsqpy.workers.storage.clean_stop import CleanStop
 from nsqpy.workers.lane.pump import AUTO, PLACEMENTS, Pump
-from nsqpy.workers.storage.log_space import Reclaim
-from nsqpy.workers.domain.topics import Registry
-from nsqpy.workers.storage.worker_restart import Recovery
-from nsqpy.workers.publishing.links import DRAIN_BATCH
-from nsqpy.workers.publishing.records import RUN_WORDS, set_want_room
+from nsqpy.workers.storage.log_space import LogSpace
+from nsqpy.workers.domain.topics import TopicTable
+from nsqpy.workers.storage.worker_restart import Restart
 from nsqpy.workers.domain.stats_rows import STATS_WAKE_SIGNAL, StatsPublisher
-from nsqpy.workers.timing.deadlines import Timekeeping
+from nsqpy.workers.timing.deadlines import Deadlines
 from nsqpy.workers.timing.timer_batches import TimerBatches
 
-LARGE_FORWARD = 4 << 20  # bytes: bigger forwarded publishes go by file (a ring record is at most half the ring)
 FRAME_SCRATCH = 8 << 20
 QUIESCE_WAIT = 5.0             # seconds a stopping worker waits for the others to stop taking publishes
 LOW_WATER_PERIOD = 1.0         # seconds between reclaim passes over the topic logs (and at once when full)
@@ -72,96 +74,135 @@ def server_settings(opts):
     return opts.server_settings()
 
 
-class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, Persistence, Durability):
+class Worker:
+    """One worker process: its plumbing (the loop, the shared-memory handles, health), the loop's idle work,
+    delivery and flushing; the rest is done by the parts it owns (built here, each with what it uses):
+
+    ============== ============================================ ================================================
+    part           class (module)                               its job
+    ============== ============================================ ================================================
+    ``sync``       SyncPolicy (storage/sync_policy.py)          group commit of durable topics
+    ``table``      TopicTable (domain/topics.py)                topics, channels, SUB, control commands
+    ``connections`` Connections (connections/handover.py)       sessions: arrival, hand-over, leaving
+    ``log_space``  LogSpace (storage/log_space.py)              low-water marks, reclaim, compaction
+    ``deadlines``  Deadlines (timing/deadlines.py)              in-flight timers (scanner), deferred due times
+    ``forwarder``  Forwarder (publishing/forwarding.py)         the publish path, rings, back-pressure
+    ``clean_stop`` CleanStop (storage/clean_stop.py)            save at a clean stop, load at start
+    (once)         Restart (storage/worker_restart.py)          pick up after a crashed predecessor
+    ============== ============================================ ================================================
+
+    Topic, Channel, Session, the own path and the stats plane are given the worker itself and call the
+    services they need on it (``workers/domain/channel.py`` lists a channel's); those services are the parts'
+    bound methods, set as attributes below ("services"), or the worker's own methods."""
+
     def __init__(self, plan, index, restarted, log):
         self.plan = plan
         self.lane = None  # the forward lane (workers/lane/fastlane.py), once on: _lane_on_when_ready
         self._lane_failed = False
-        self.opts = plan.opts
+        self.opts = opts = plan.opts
         self.index = index
         self.log = log
         self.data_path = plan.data_path
         self.loop = Loop(log)
-        self.server_settings = server_settings(self.opts)
+        self.server_settings = server_settings(opts)
         self.limits = self.server_settings.limits  # the parser's: the same object IDENTIFY checks against
         self.inflight = plan.inflight[index]
         self.directory = plan.meta[index]
         self.control = plan.control
         self.links = plan.link_set
-        self.inbox = plan.inboxes[index][0]
-        self.sessions = {}
-        self.topics = {}
-        self.topics_by_index = {}
-        self.channels_by_key = {}
+        self.suspect = self.control.suspect(index)
         self.dirty = []
         self.delivered = []  # sessions given message frames since the last flush: flushed before the rest
         self.pending = set()
         self.table_blocked = set()     # channels stopped by a full in-flight table
         self.touched = set()           # topics whose low-water marks may have moved since the last reclaim pass
-        self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
         self._storage_logged = {}
-        self.placement = PLACEMENTS[self.opts.producer_placement]
+        self.storage_failing = False
+        self.placement = PLACEMENTS[opts.producer_placement]
         self.pump = Pump(self.limits.max_msg_size, index, self.placement, self.limits.max_body_size,
-                         (self.opts.producer_move_in_rate, self.opts.producer_move_out_rate),
-                         self.opts.producer_busy_percent / 100)
+                         (opts.producer_move_in_rate, opts.producer_move_out_rate),
+                         opts.producer_busy_percent / 100)
         self.timers = TimerBatches(self.inflight.capacity)
-        self._conn_seq = (int(time.time()) & 0xFFFFF) << 24
-        self._topic_seq = 0
-        self._channel_seq = 0
         self._scratch = np.empty(FRAME_SCRATCH, np.uint8)
-        self._pack = np.empty(FRAME_SCRATCH, np.uint8)  # forwarded publishes (bigger ones get their own)
-        self._one_off, self._one_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
-        self._fwd_off, self._fwd_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
         self._scanner_epoch = self.control.scanner_epoch()
-        self.deferred = DeferredStore(ShmChunks(self.data_path, self.opts.node_id, index), recovering=restarted)
-        self._deferred_at = None       # due time of the loop timer armed for the deferred store
-        self._compact_logged = 0.0
-        self.pub_in = self.links.inputs_of(index)  # from every producer slot but ours: workers, then others
-        self.pub_pending = self.links.watch(self.pub_in)
-        self.pub_out = {j: self.links.pub(index, j) for j in range(plan.workers) if j != index}
-        # the wake-up line of who writes pub_in[i] (the owner wakes a sender waiting for room: _drain_from)
-        self._pub_in_from = [self.links.proc_of(j) for j in range(self.links.producers) if j != index]
+        self.deferred = DeferredStore(ShmChunks(self.data_path, opts.node_id, index), recovering=restarted)
         self.to_scanner = self.links.to_scanner(index)
         self.from_scanner = self.links.from_scanner(index)
-        for link in self.pub_in + [self.from_scanner]:
-            self.links.recover_reader(link)
-        for link in list(self.pub_out.values()) + [self.to_scanner]:
-            self.links.recover_writer(link)
+        self.links.recover_reader(self.from_scanner)
+        self.links.recover_writer(self.to_scanner)
         self._stopping = False
-        self.suspect = self.control.suspect(index)
-        self._fwd_k = 0                 # index of the forwarded record being appended, in its drain batch
-        self._fwd_refused = False       # the drain stopped at a record its topic cannot take (ring: C_STALLED)
-        self._fwd_poison = None         # (link, index in its first batch): a forwarded record to set aside
-        self._fwd_careful = None        # a link whose next drain goes record by record (a drain of it crashed)
-        self._fwd_runs = np.zeros((DRAIN_BATCH, RUN_WORDS), np.int64)  # plan_forward_runs' output
-        self._fwd_msgs = tuple(np.zeros(4096, np.int64) for _ in range(3))  # its messages: offsets, lengths, ts
-        self._fwd_batch = None          # (ring data, offsets, lengths, types) of the batch being drained
-        self._fwd_files = 0             # large forwarded publishes written (file names)
-        self._parked = {}               # owner -> deque of Parked publishes waiting for room in its ring, in order
         self._owner_naps = OwnerNaps(plan.workers)  # how often forwards found each owner asleep (auto placement)
-        self._parked_count = 0
-        self._parked_poll = None
-        self._parked_logged = 0.0
-        self._large_forward = min([LARGE_FORWARD] + [link.large_forward for link in self.pub_out.values()])
-        for link in self.pub_out.values():
-            set_want_room(link.ring.ctl, 0)  # a dead predecessor may have left it set
-        self._crash_on = self.opts.crash_on_body.encode()
+        self._crash_on = opts.crash_on_body.encode()
         # frames of a compiled delivery round (kernels.deliver_round); None turns those rounds off, so that
         # --crash-on-body sees every message framed (write_frames)
         self.round_buffer = None if self._crash_on else self._scratch
         self.own_path = OwnPath(self)   # the lane publishes lone PUBs to our own topics (workers/lane/ownpath.py)
-        self._crash_on_forwarded = self.opts.crash_on_forwarded_body.encode()
         self.stats = StatsPublisher(self, plan.stats_board)  # the stats plane: workers/domain/stats_rows.py
-        self._init_durability()
+
+        # ---- the parts -----------------------------------------------------------------------------------
+        self.sync = SyncPolicy(opts, self.loop, self.directory, self.data_path, self.storage_failed)
+        self.table = TopicTable(self, index, plan.workers, opts, self.directory, self.stats,
+                                lambda: self.forwarder.catch_up(), self.storage_failed, log)
+        self.connections = Connections(self, index, plan.workers, plan.inboxes, self.loop, log, self.control,
+                                       self.pump, self.limits, self.placement, self._owner_naps, self.table)
+        self.log_space = LogSpace(self.inflight, self.deferred, self.table, log)
+        self.deadlines = Deadlines(self.links, self.to_scanner, self.timers, self.inflight, self.deferred,
+                                   self.loop, self.table.channels_by_key, self.connections.sessions)
+        self.forwarder = Forwarder(index, plan.workers, self.links, self.control, self.suspect, self.loop, log,
+                                   self.data_path, plan.prefix, opts, self.table, self.pump, self.own_path,
+                                   self._owner_naps, self._deliver_now, self.storage_failed)
+        self.clean_stop = CleanStop(index, plan.workers, self.data_path, opts, log, self.inflight, self.deferred,
+                                    self._scratch, self.table, self.log_space, self.sync, self.deadlines,
+                                    self.stats)
+
+        # ---- services: what Topic, Channel, Session, the own path and the stats plane use ----------------
+        # (the parts' own objects and bound methods: the dicts and sets are never rebound by their owners)
+        self.topics = self.table.topics
+        self.topics_by_index = self.table.topics_by_index
+        self.channels_by_key = self.table.channels_by_key
+        self.get_topic = self.table.get_topic
+        self.delete_topic = self.table.delete_topic
+        self._record = self.table.record
+        self.next_channel_key = self.table.next_channel_key
+        self.subscribe = self.table.subscribe
+        self.control_command = self.table.control_command
+        self.sessions = self.connections.sessions
+        self.forget_session = self.connections.forget_session
+        self.migrate = self.connections.migrate
+        self.move_producer = self.connections.move_producer
+        self.publish = self.forwarder.publish
+        self.publish_mpub = self.forwarder.publish_mpub
+        self.pub_in = self.forwarder.pub_in
+        self.pub_pending = self.forwarder.pub_pending
+        self.pub_out = self.forwarder.pub_out
+        self.appended = self.sync.appended
+        self.sync_now = self.sync.sync_now
+        self.refresh_low_water = self.log_space.refresh_low_water
+        self.slots_of_channel = self.log_space.slots_of_channel
+        self.deferred_changed = self.deadlines.deferred_changed
+        self.retry_later = self.deadlines.retry_later
+        self.timer_start = self.deadlines.timer_start
+        self.timer_start_each = self.deadlines.timer_start_each
+        self.timer_leave = self.deadlines.timer_leave
+        self.timer_leave_one = self.deadlines.timer_leave_one
+        self.resync_scanner = self.deadlines.resync_scanner
+
         self.saved = False              # stop() wrote every unfinished message to disk (workers/storage/clean_stop.py)
         self.control.clear_flags(index)  # neither quiesced nor busy
-        self.storage_failing = False
         self.control.set_storage_failed(index, 0)
         if restarted:
-            self._recover()
-            self._after_crash()
+            restart = Restart(index, self.data_path, log, self.control, self.suspect, self.inflight, self.deferred,
+                              self.directory, self.table, self.deadlines, self.forwarder)
+            restart.recover()
+            self.touched.update(self.topics.values())  # set every low-water mark once from the recovered table
+            restart.after_crash()
         else:
-            self.load_queues()
+            self.clean_stop.load_queues()
+
+    @property
+    def _conn_seq(self):
+        """The last connection id given out (the stats plane compares it to see new clients)."""
+        return self.connections.conn_seq
 
     # ---- plumbing --------------------------------------------------------------------------------------
     def run(self, ready_fd):
@@ -169,10 +210,10 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.loop.add_signal_handler(signal.SIGTERM, self.stop)
         self.loop.add_signal_handler(signal.SIGUSR1, self.dump_state)
         self.loop.add_signal_handler(STATS_WAKE_SIGNAL, _nothing)  # a stats reader without our eventfd wakes us
-        self.loop.add_reader(self.inbox.fileno(), self._on_handoff)
+        self.loop.add_reader(self.connections.inbox.fileno(), self.connections.on_handoff)
         self.loop.add_reader(self.links.eventfd(self.index), self._on_wake)
         self.loop.add_reader(self.pump.epfd, self.pump.read)
-        for fd in (self.pump.epfd, self.links.eventfd(self.index), self.inbox.fileno()):
+        for fd in (self.pump.epfd, self.links.eventfd(self.index), self.connections.inbox.fileno()):
             self.loop.keep_on_error(fd)
         self.loop.add_idle(self._idle)
         self._lane_on_when_ready()
@@ -199,9 +240,10 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
                 self.log.error(f"worker {self.index}: cannot load the forward lane ({e!r}); going on without it")
                 return
             self.log.debug(f"worker {self.index}: forward lane on")
+        fwd = self.forwarder
         self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
-                             {j: link.ring for j, link in self.pub_out.items()}, self.links.wakeups, self.control,
-                             self._owner_naps, self._large_forward, lambda: not self._parked, self.move_producer,
+                             {j: link.ring for j, link in fwd.pub_out.items()}, self.links.wakeups, self.control,
+                             self._owner_naps, fwd.large_forward, lambda: not fwd.parked, self.move_producer,
                              self.own_path, self._quiet)
         self.loop.fast_poll = self.lane.poll
 
@@ -212,10 +254,10 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         for s in list(self.sessions.values()):
             s.flush()
             s.close()
-        self._drop_parked()  # never answered: their sessions are closed
+        self.forwarder.drop_parked()  # never answered: their sessions are closed
         self._quiesce()
         try:
-            self.save_queues()
+            self.clean_stop.save_queues()
         except Exception:
             # the shared memory stays as it is: the next start salvages it (workers/storage/broker_crash.py)
             self.log.error(f"worker {self.index}: cannot save messages to disk, leaving them in shared memory "
@@ -234,13 +276,14 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         self.control.set_quiesced(self.index, True)
         deadline = time.monotonic() + QUIESCE_WAIT
         others = [w for w in range(self.plan.workers) if w != self.index]
+        drain = self.forwarder.drain_rings
         while True:
-            while self._drain_pub_rings():
+            while drain():
                 pass
             if all(self.control.quiesced(w) for w in others) or time.monotonic() > deadline:
                 break
             time.sleep(0.002)  # shutdown only: the others close their sessions within milliseconds
-        while self._drain_pub_rings():
+        while drain():
             pass
         self._idle()
 
@@ -284,7 +327,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         """Frame the records at positions into s's output. A round is at most MAX_ROUND_BYTES of frames, unless
         one message is bigger: then it comes alone and gets a buffer of its own size."""
         if self._crash_on:  # --crash-on-body (tests only): framing a marked message
-            _crash_if_marked((log.body(p) for p in np.asarray(positions).tolist()), self._crash_on)
+            crash_if_marked((log.body(p) for p in np.asarray(positions).tolist()), self._crash_on)
         out = self._scratch
         try:
             end = log.write_frames(out, 0, positions, attempts)
@@ -307,11 +350,6 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         overtake it). They go before the idle step's sync (--sync-every): only replies, OKs, wait for that."""
         return -1 if s.wbuf or s.closed else s.fd
 
-    def _forward_fault_injection(self, src, offsets, lengths):
-        """--crash-on-forwarded-body (tests only): appending a marked forwarded message."""
-        _crash_if_marked((bytes(src[o:o + n]) for o, n in zip(np.asarray(offsets).tolist(),
-                                                               np.asarray(lengths).tolist())), self._crash_on_forwarded)
-
     def storage_works(self):
         """A store worked after failures: healthy again (as nsqd after its next good disk write)."""
         self.storage_failing = False
@@ -333,27 +371,29 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         """None when the idle step has work, else the loop's timeout for its next wait (-1: no timer): asked by the
         forward lane after the own path's publish, to go on without the loop (``FastLane.poll``). The idle step's
         other inputs (rings, the scanner's, a stats request) write this worker's eventfd, which ends the lane."""
-        if self.pending or self.delivered or self.dirty or self._unsynced or self.pump.staged or \
-                self._parked_count or self.table_blocked:
+        if self.pending or self.delivered or self.dirty or self.sync.unsynced or self.pump.staged or \
+                self.forwarder.parked_count or self.table_blocked:
             return None
         return self.loop.next_timeout()
 
     def _inputs_empty(self):
-        return self.from_scanner.empty() and not self.pub_pending.any() and not (
-            self._parked_count and self._parked_room()) and not self.stats.requested()
+        fwd = self.forwarder
+        return self.from_scanner.empty() and not fwd.pub_pending.any() and not (
+            fwd.parked_count and fwd.parked_room()) and not self.stats.requested()
 
     def _idle(self):
-        drained = self._drain_pub_rings()
+        fwd = self.forwarder
+        drained = fwd.drain_rings()
         more = drained > 0
-        if self._parked_count:
-            self._retry_parked()
+        if fwd.parked_count:
+            fwd.retry_parked()
         if self.pump.staged:
             if drained:
                 # what was read was sent after every forward committed before it, and the drain above (after the
                 # read) found those; only a drain that took a batch may have left some of them behind
-                self._catch_up()
-            self.pump.commit(self._publish_staged, self.move_producer)
-        if self.from_scanner.drain(self._on_scanner):
+                fwd.catch_up()
+            self.pump.commit(fwd.publish_staged, self.move_producer)
+        if self.from_scanner.drain(self.deadlines.on_scanner):
             more = True
         epoch = self.control.scanner_epoch()
         if epoch != self._scanner_epoch:
@@ -369,6 +409,11 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
             return True
         return not self.links.prepare_sleep(self.index, self._inputs_empty)
 
+    def _deliver_now(self):
+        """Lone PUBs were appended to a topic of ours: its channels deliver and flush before the pump's OKs."""
+        if self.pending:
+            self._deliver_and_flush()
+
     def channel_changed(self, ch):
         """ch delivered or finished: its topic's low-water mark and statistics may have moved."""
         self.touched.add(ch.topic)
@@ -378,7 +423,7 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
         """Deliver to every channel with messages and ready consumers, then send every session's output, the
         sessions given messages first (a PUB's OK goes after the message it published); True if a channel has
         more to deliver now. Also run after the pump's lone PUBs to a topic of ours, before their OKs go out
-        (``_publish_staged``)."""
+        (``_deliver_now``, from ``Forwarder.commit``)."""
         more = False
         if self.pending:
             pending, self.pending = self.pending, set()
@@ -393,21 +438,14 @@ class Worker(Connections, Forwarding, Registry, Timekeeping, Reclaim, Recovery, 
                     # messages stay where they are and the next FIN/REQ/publish tries again
                     self.log.error(f"worker {self.index}: delivery on {ch.topic.name}/{ch.name} failed: "
                                    f"{traceback.format_exc().strip()}")
-        if self._unsynced:
-            self.sync_due()  # before the replies go out: --sync-every=1 answers after the sync (group commit)
+        if self.sync.unsynced:
+            self.sync.sync_due()  # before the replies go out: --sync-every=1 answers after the sync (group commit)
         if self.dirty or self.delivered:
             delivered, self.delivered = self.delivered, []
             dirty, self.dirty = self.dirty, []
             for s in delivered + dirty:  # messages first: a reply's send (an OK) wakes its client, which may take
                 s.flush()                # our CPU; a session flushed twice has nothing left the second time
         return more
-
-
-def _crash_if_marked(bodies, marker):
-    """Fault injection (tests only): die as a kernel bug would, by SIGSEGV, if a body starts with marker."""
-    for body in bodies:
-        if body.startswith(marker):
-            os.kill(os.getpid(), signal.SIGSEGV)
 
 
 EXIT_UNSAVED = 4  # the worker stopped without saving its messages: the supervisor must keep its shared memory

@@ -1,34 +1,78 @@
 """Publishing from a worker: PUB/MPUB/DPUB appended here or forwarded to the topic's owner, the owner's side of
 the rings (forwarded publishes and control commands), and back-pressure when a ring is full.
 
-A mixin of ``nsqpy.workers.processes.worker.Worker`` (one of the worker's jobs, in a file of its own); it uses the worker's
-``plan``, ``links``, ``pub_in``/``pub_out``, ``pump``, ``control``, ``suspect``, ``loop`` and ``get_topic``.
+``Forwarder`` is one part of ``nsqpy.workers.processes.worker.Worker``. It owns the worker's rings (its input rings
+from every other producer, its output rings to every other worker), the parked publishes and the state of a ring
+drain (the record being appended, a record to set aside, a ring to drain record by record). It is built with
+what it uses: the link set, the control block (``topic_full``), the suspect words, the loop's timers, the log,
+and five services through narrow interfaces: the topic table (``Topics``: ``get_topic``, ``control_command``),
+the pump (``TopicLearner``: ``learn_topic``), the own path (``OwnTopicHint``: ``hint``), the worker's
+``deliver_now()`` (deliver and flush channels with something pending, before the pump's OKs) and its
+``storage_failed(what, exc)``.
+
+One publish path: ``commit`` decides owner or forward for every publish made in Python (a session's PUB, MPUB,
+DPUB through ``publish``/``publish_mpub``; the pump's lone PUBs of an iteration through ``publish_staged``), and
+either appends to the topic's log here or commits one FORWARD record to the owner's ring. The compiled forward
+lane (``workers/lane/``) makes the same decision for the lone PUBs it takes.
 Theory of operation: ARCHITECTURE.md, "Message flow" and "Overload slows producers down".
 """
 import os
 import time
 import traceback
+import signal
 import zlib
 from collections import deque
 from functools import partial
+from typing import Callable, Protocol
 
 import numpy as np
 
 from nsqpy.ipc.ring import C_HEAD, C_READ, C_STALLED, P_TAIL
 from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed
 from nsqpy.workers.control import commands as CMD
+from nsqpy.workers.publishing.links import DRAIN_BATCH
 from nsqpy.workers.publishing.records import COMMAND, EMPTY_FORWARD, FORWARD, FORWARD_BY_FILE, RUN_APPEND, RUN_FIRST, RUN_MSG, \
-    RUN_MSGS, RUN_NAME, RUN_NAME_LEN, RUN_RECORDS, forward_size, forward_topic, owner_of, pack_forward, \
+    RUN_MSGS, RUN_NAME, RUN_NAME_LEN, RUN_RECORDS, RUN_WORDS, forward_size, forward_topic, owner_of, pack_forward, \
     plan_forward_runs, set_want_room, unpack_command, unpack_forward, want_room
 from nsqpy.workers.storage.poison import COUNT as SUSPECT_COUNT, FORWARD as FORWARD_SUSPECT, quarantine_file
 from nsqpy.workers.domain.topic import StorageError
 
 PARKED_POLL = 0.05             # seconds: parked publishes are retried at least this often (the owner wakes us)
 FORWARD_RETRY = 0.05           # seconds before a forwarded publish the owner could not append is tried again
+LARGE_FORWARD = 4 << 20        # bytes: bigger forwarded publishes go by file (a ring record is at most half the ring)
+PACK_SIZE = 8 << 20            # the buffer forwarded publishes are packed in (bigger ones get their own)
 
 
 def _nothing():
     pass
+
+
+def crash_if_marked(bodies, marker):
+    """Fault injection (tests only): die as a kernel bug would, by SIGSEGV, if a body starts with marker."""
+    for body in bodies:
+        if body.startswith(marker):
+            os.kill(os.getpid(), signal.SIGSEGV)
+
+
+class Topics(Protocol):
+    """The topic table (``workers/domain/topics.py``): the topic a publish goes to, created on first use (raises
+    StorageError when it cannot be), and control commands from the rings."""
+
+    def get_topic(self, name: str): ...
+
+    def control_command(self, op: int, topic: str, channel=None) -> int: ...
+
+
+class TopicLearner(Protocol):
+    """The pump (``workers/lane/pump.py``): which worker owns a topic a session published to."""
+
+    def learn_topic(self, topic: str, owner: int) -> None: ...
+
+
+class OwnTopicHint(Protocol):
+    """The own path (``workers/lane/ownpath.py``): the topic of ours the lane may take lone PUBs of next."""
+
+    def hint(self, topic) -> None: ...
 
 
 class Parked:
@@ -61,61 +105,119 @@ class Parked:
         self.payload = None
 
 
-class Forwarding:
+class Forwarder:
     _draining = False  # inside a ring drain (its handlers may delete topics, which catch up first)
+
+    def __init__(self, index, workers, links, control, suspect, loop, log, data_path, prefix, opts,
+                 topics: Topics, pump: TopicLearner, own_path: OwnTopicHint, owner_naps,
+                 deliver_now: Callable[[], None], storage_failed: Callable[[str, BaseException], None]):
+        self.index = index
+        self.workers = workers
+        self.links = links
+        self.control = control
+        self.suspect = suspect
+        self.loop = loop
+        self.log = log
+        self.data_path = data_path
+        self.prefix = prefix
+        self.topics = topics
+        self.pump = pump
+        self.own_path = own_path
+        self.owner_naps = owner_naps
+        self.deliver_now = deliver_now
+        self.storage_failed = storage_failed
+        self.pub_in = links.inputs_of(index)  # from every producer slot but ours: workers, then others
+        self.pub_pending = links.watch(self.pub_in)
+        self.pub_out = {j: links.pub(index, j) for j in range(workers) if j != index}
+        # the wake-up line of who writes pub_in[i] (the owner wakes a sender waiting for room: _drain_from)
+        self._pub_in_from = [links.proc_of(j) for j in range(links.producers) if j != index]
+        for link in self.pub_in:
+            links.recover_reader(link)
+        for link in self.pub_out.values():
+            links.recover_writer(link)
+            set_want_room(link.ring.ctl, 0)  # a dead predecessor may have left it set
+        self.large_forward = min([LARGE_FORWARD] + [link.large_forward for link in self.pub_out.values()])
+        self._pack = np.empty(PACK_SIZE, np.uint8)
+        self._one_off, self._one_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self._fwd_off, self._fwd_len = np.zeros(1, np.int64), np.zeros(1, np.int64)
+        self._crash_on_forwarded = opts.crash_on_forwarded_body.encode()
+        self._fwd_blocked_until = 0.0  # forwarded publishes wait until then (their topic could not take them)
+        self._fwd_k = 0                 # index of the forwarded record being appended, in its drain batch
+        self._fwd_refused = False       # the drain stopped at a record its topic cannot take (ring: C_STALLED)
+        self._fwd_poison = None         # (link, index in its first batch): a forwarded record to set aside
+        self._fwd_careful = None        # a link whose next drain goes record by record (a drain of it crashed)
+        self._fwd_runs = np.zeros((DRAIN_BATCH, RUN_WORDS), np.int64)  # plan_forward_runs' output
+        self._fwd_msgs = tuple(np.zeros(4096, np.int64) for _ in range(3))  # its messages: offsets, lengths, ts
+        self._fwd_batch = None          # (ring data, offsets, lengths, types) of the batch being drained
+        self._fwd_files = 0             # large forwarded publishes written (file names)
+        self.parked = {}                # owner -> deque of Parked publishes waiting for room in its ring, in order
+        self.parked_count = 0
+        self._parked_poll = None
+        self._parked_logged = 0.0
 
     # ---- publishing ------------------------------------------------------------------------------------
     def publish(self, s, topic, bodies, defer_ms, verb):
         # one message: reuse one-element arrays (appending copies them into the log), no allocation per PUB
         body = bodies[0]
         self._one_len[0] = len(body)
-        self._publish(s, topic, np.frombuffer(body, np.uint8), self._one_off, self._one_len, defer_ms,
-                      DpubFailed if verb == "DPUB" else PubFailed, verb)
+        self._publish_for(s, topic, np.frombuffer(body, np.uint8), self._one_off, self._one_len, defer_ms,
+                          DpubFailed if verb == "DPUB" else PubFailed, verb)
 
     def publish_mpub(self, s, cmd):
-        self._publish(s, cmd.topic, np.frombuffer(cmd.buffer, np.uint8), cmd.offsets, cmd.lengths, 0, MpubFailed,
-                      "MPUB")
+        self._publish_for(s, cmd.topic, np.frombuffer(cmd.buffer, np.uint8), cmd.offsets, cmd.lengths, 0,
+                          MpubFailed, "MPUB")
 
-    def _publish(self, s, topic, src, offsets, lengths, defer_ms, error, verb):
-        n = len(lengths)
-        now = time.time_ns()
-        owner = owner_of(topic, self.plan.workers)
+    def _publish_for(self, s, topic, src, offsets, lengths, defer_ms, error, verb):
+        """A session's publish: commit it, then OK (counted), E_*_FAILED (raised) or held until its ring has room."""
+        owner = owner_of(topic, self.workers)
         try:
-            if owner == self.index:
-                self._catch_up()
-                ok = self.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
-            else:
-                ok = self._forward(owner, topic, src, offsets, lengths, now, defer_ms)
+            ok = self._commit_to(owner, topic, src, offsets, lengths, defer_ms, False)
         except StorageError as e:
             raise error(f"{verb} failed {e}") from None
         if not ok:
             raise error(f"{verb} failed topic {topic} is full")
         if ok is True:
-            s.count_pub(topic, n)
+            s.count_pub(topic, len(lengths))
         else:
-            ok.add(s, n, error, verb)  # parked: the OK goes once the ring took it, the session reads no more
+            ok.add(s, len(lengths), error, verb)  # parked: the OK goes once the ring took it, the session reads no more
         self.pump.learn_topic(topic, owner)
 
-    def _publish_staged(self, topic, buf, offsets, lengths):
+    def publish_staged(self, topic, buf, offsets, lengths):
         """The pump's lone PUBs of this iteration for one topic, as one batch -> True (their OKs follow), False
         (E_PUB_FAILED) or a Parked publish (the pump adds their sessions to it; see Pump.commit). For a topic of
         ours, the channels that can take them deliver and flush before this returns, so before the OKs; a
         session that flush closes gets no OK (the pump checks its fd's generation)."""
-        now = time.time_ns()
-        owner = owner_of(topic, self.plan.workers)
         try:
-            if owner == self.index:
-                t = self.get_topic(topic)
-                self.own_path.hint(t)  # the lane may take this topic's next lone PUBs (workers/lane/ownpath.py)
-                ok = t.append(buf, offsets, lengths, now)
-                if self.pending:
-                    # deliver and flush now, before the pump sends the OKs: an OK's send wakes its producer,
-                    # which on a busy host may take this worker's CPU before the consumers got the messages
-                    self._deliver_and_flush()
-                return ok
-            return self._forward(owner, topic, buf, offsets, lengths, now, 0)
+            return self.commit(topic, buf, offsets, lengths, 0, lone=True)
         except StorageError:
             return False  # already logged; the pump answers E_PUB_FAILED
+
+    def commit(self, topic, src, offsets, lengths, defer_ms=0, lone=False):
+        """The owner-or-forward decision of every publish made in Python: n messages (bodies
+        src[offsets[i]:offsets[i]+lengths[i]]) appended to the topic's log when this worker owns it, else one
+        record committed to the owner's ring (``_forward``). -> True (committed), False (the topic is full: the
+        owner refused, or marked it full for the others) or a Parked publish (the ring has no room now: the
+        caller adds the sessions whose OK waits for it). Raises StorageError when the topic cannot store it.
+
+        ``lone``: the pump's lone PUBs, committed in the idle step after the rings were caught up; the own path
+        is hinted at the topic and its channels deliver now (``deliver_now``), before the pump's OKs: an OK's
+        send wakes its producer, which on a busy host may take this worker's CPU before the consumers got the
+        messages. Otherwise (a session's command) what other workers committed to our rings is appended first
+        (``catch_up``), so a producer moved here is not overtaken by its own earlier publishes."""
+        return self._commit_to(owner_of(topic, self.workers), topic, src, offsets, lengths, defer_ms, lone)
+
+    def _commit_to(self, owner, topic, src, offsets, lengths, defer_ms, lone):
+        now = time.time_ns()
+        if owner != self.index:
+            return self._forward(owner, topic, src, offsets, lengths, now, defer_ms)
+        if lone:
+            t = self.topics.get_topic(topic)
+            self.own_path.hint(t)  # the lane may take this topic's next lone PUBs (workers/lane/ownpath.py)
+            ok = t.append(src, offsets, lengths, now)
+            self.deliver_now()
+            return ok
+        self.catch_up()
+        return self.topics.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
 
     def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
         """Commit n messages (bodies src[offsets[i]:offsets[i]+lengths[i]]) to the owner's ring as one record.
@@ -136,32 +238,32 @@ class Forwarding:
         us when it has released records of a ring we wait on (``_drain_from``)."""
         ring = self.pub_out[owner]
         rtype = FORWARD
-        if len(payload) > self._large_forward:
+        if len(payload) > self.large_forward:
             payload, rtype = self._forward_file(payload), FORWARD_BY_FILE
-        if owner not in self._parked and ring.send(rtype, payload):
-            self._owner_naps.saw(owner, self.links.wake(owner))
+        if owner not in self.parked and ring.send(rtype, payload):
+            self.owner_naps.saw(owner, self.links.wake(owner))
             return True
         p = Parked(rtype, payload.copy() if rtype == FORWARD else payload, topic, crc)
-        q = self._parked.get(owner)
+        q = self.parked.get(owner)
         if q is None:
-            q = self._parked[owner] = deque()
+            q = self.parked[owner] = deque()
             set_want_room(ring.ring.ctl, 1)  # before the room check that precedes any sleep (_inputs_empty)
             now = time.monotonic()
             if now - self._parked_logged >= 1.0:
                 self._parked_logged = now
                 self.log.debug(f"worker {self.index}: worker {owner} is behind: publishes to it wait for room")
         q.append(p)
-        self._parked_count += 1
+        self.parked_count += 1
         if self._parked_poll is None:
             self._parked_poll = self.loop.call_later(PARKED_POLL, self._poll_parked)
         self.links.wake(owner)
         return p
 
-    def _retry_parked(self):
+    def retry_parked(self):
         """Commit parked publishes, oldest first for each owner, as far as its ring takes them; answer their
         sessions (OK, or E_*_FAILED when the owner marked the topic full meanwhile) and let them read again."""
-        for owner in list(self._parked):
-            q = self._parked[owner]
+        for owner in list(self.parked):
+            q = self.parked[owner]
             ring = self.pub_out[owner]
             sent = False
             while q:
@@ -186,13 +288,13 @@ class Forwarding:
                 else:
                     break
                 q.popleft()
-                self._parked_count -= 1
+                self.parked_count -= 1
                 if answer is not None:
                     answer()  # may publish again: to this owner, that queues behind what still waits here
             if sent:
                 self.links.wake(owner)
             if not q:
-                del self._parked[owner]
+                del self.parked[owner]
                 set_want_room(ring.ring.ctl, 0)
 
     def _answer_parked(self, p, why):
@@ -212,9 +314,9 @@ class Forwarding:
                                f"{traceback.format_exc().strip()}")
                 s.close()
 
-    def _parked_room(self):
+    def parked_room(self):
         """Whether the first parked publish of some owner fits in its ring now."""
-        for owner, q in self._parked.items():
+        for owner, q in self.parked.items():
             if self.pub_out[owner].ring.can_claim(len(q[0].payload)):
                 return True
         return False
@@ -222,22 +324,22 @@ class Forwarding:
     def _poll_parked(self):
         """A safety net while publishes are parked (the owner's wake-up is what normally retries them)."""
         self._parked_poll = None
-        if self._parked_count:
+        if self.parked_count:
             self._parked_poll = self.loop.call_later(PARKED_POLL, self._poll_parked)
 
-    def _drop_parked(self):
-        for q in self._parked.values():
+    def drop_parked(self):
+        for q in self.parked.values():
             for p in q:
                 p.drop()
-        self._parked.clear()
-        self._parked_count = 0
+        self.parked.clear()
+        self.parked_count = 0
 
     def _forward_file(self, payload):
         """Write a forwarded publish too big for the ring to a file under the data path; -> its path, the ring
         record. The owner appends from it and removes it; a file whose record was released is gone, so a
         re-read after a crash finds no file and knows the publish was appended (at worst it appends twice)."""
         self._fwd_files += 1
-        path = os.path.join(self.data_path, f"{self.plan.prefix.strip('/')}fwd-{self.index}-{os.getpid()}-"
+        path = os.path.join(self.data_path, f"{self.prefix.strip('/')}fwd-{self.index}-{os.getpid()}-"
                                             f"{self._fwd_files}.bin")
         try:
             with open(path, "xb") as f:
@@ -297,8 +399,8 @@ class Forwarding:
     def _append_forwarded(self, payload):
         topic, offsets, lengths, ts, defer_ms = unpack_forward(payload, self._fwd_off, self._fwd_len)
         if self._crash_on_forwarded:
-            self._forward_fault_injection(payload, offsets, lengths)
-        return self.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
+            self._fault_injection(payload, offsets, lengths)
+        return self.topics.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
 
     def _on_command(self, payload):
         """A control command from another process (workers/control/client.py): carry it out (``control_command``),
@@ -309,9 +411,8 @@ class Forwarding:
         except Exception as e:
             self.log.error(f"worker {self.index}: dropped an unreadable control command: {e!r}")
             return
-        handler = getattr(self, "control_command", None)
         try:
-            status = CMD.NOT_IMPLEMENTED if handler is None else int(handler(op, topic, channel))
+            status = int(self.topics.control_command(op, topic, channel))
         except Exception:
             self.log.error(f"worker {self.index}: control command {CMD.OP_NAMES.get(op, op)} {topic} "
                            f"{channel or ''} failed: {traceback.format_exc().strip()}")
@@ -321,7 +422,7 @@ class Forwarding:
         except ValueError as e:  # a reply slot that does not exist
             self.log.error(f"worker {self.index}: cannot answer control command {seq}: {e}")
 
-    def _catch_up(self):
+    def catch_up(self):
         """Append everything other workers committed to their rings so far, before publishing here: a producer
         handed over to this worker must not have its next messages overtake those it published before the
         move (they were committed before their OK, so before the client sent the next one)."""
@@ -333,7 +434,7 @@ class Forwarding:
             while int(ctl[C_READ]) < target and self._drain_from(i):
                 pass
 
-    def _drain_pub_rings(self):
+    def drain_rings(self):
         return sum(self._drain_from(i) for i in self.pub_pending.which())
 
     def _drain_from(self, i):
@@ -380,7 +481,7 @@ class Forwarding:
         """Append run j of the batch being drained: consecutive forwarded publishes to one topic, with one
         Topic.append (each message keeps its record's timestamp); any other record through _on_forwarded. The
         suspect words name the run's first record (a crash then drains that ring record by record once:
-        Recovery). -> False (exactly) to stop the drain at this run, as _on_forwarded."""
+        Restart). -> False (exactly) to stop the drain at this run, as _on_forwarded."""
         self._fwd_k = first
         run = self._fwd_runs[j]
         data, offs, lens, types = self._fwd_batch
@@ -397,9 +498,9 @@ class Forwarding:
         topic = bytes(data[run[RUN_NAME]:run[RUN_NAME] + run[RUN_NAME_LEN]]).decode()
         m_offs, m_lens, m_ts = (x[a:b] for x in self._fwd_msgs)
         if self._crash_on_forwarded:
-            self._forward_fault_injection(data, m_offs, m_lens)
+            self._fault_injection(data, m_offs, m_lens)
         try:
-            ok = self.get_topic(topic).append(data, m_offs, m_lens, m_ts, acknowledged=True)
+            ok = self.topics.get_topic(topic).append(data, m_offs, m_lens, m_ts, acknowledged=True)
         except StorageError:
             ok = False
         if not ok:
@@ -434,3 +535,18 @@ class Forwarding:
         self.log.error(f"worker {self.index}: a forwarded publish of {n} messages to topic {topic} crashed this "
                        f"worker twice; set aside in {path}")
         return True
+
+    # ---- after a crash (workers/storage/worker_restart.py) --------------------------------------------
+    def set_aside_forwarded(self, link, index):
+        """The record at ``index`` of the next drain of input ring ``link`` crashed the worker twice: set it aside."""
+        self._fwd_poison = (link, index)
+
+    def drain_carefully(self, link):
+        """The next drain of input ring ``link`` goes record by record (a drain of its runs crashed the worker)."""
+        self._fwd_careful = link
+
+    # ---- fault injection (tests only) -----------------------------------------------------------------
+    def _fault_injection(self, src, offsets, lengths):
+        """--crash-on-forwarded-body: appending a marked forwarded message."""
+        crash_if_marked((bytes(src[o:o + n]) for o, n in zip(np.asarray(offsets).tolist(),
+                                                              np.asarray(lengths).tolist())), self._crash_on_forwarded)

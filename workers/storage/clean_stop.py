@@ -19,8 +19,14 @@ Theory of operation
   disk: the meta file's read position moves past what was loaded, and the next start carries on from there.
 * Which worker loads a queue does not depend on the worker count the queue was saved with: ownership is the
   topic name's hash over the current workers, so a restart with another ``--workers`` loads everything.
+
+``CleanStop`` is one part of ``nsqpy.workers.processes.worker.Worker``, built with what it uses: the worker's index,
+worker count, data path, options and log, the in-flight table, the deferred store, the frame scratch buffer, and
+four parts through narrow interfaces: the topic table (``OwnedTopics``), the log space (``HeldSlots``), the sync
+policy (``Syncing``) and the deadlines (``DeferredTimer``); plus the stats plane (``ChangedTopics``).
 """
 import time
+from typing import Mapping, Protocol
 
 import numpy as np
 
@@ -51,7 +57,56 @@ def _hex(ids):
     return [b"%016x" % (int(i) & ID_MASK) for i in ids]
 
 
-class Persistence:
+class OwnedTopics(Protocol):
+    """The topic table (``workers/domain/topics.py``)."""
+    topics: Mapping
+
+    def get_topic(self, name: str): ...
+
+
+class HeldSlots(Protocol):
+    """The log space (``workers/storage/log_space.py``): a channel's in-flight slots."""
+
+    def slots_of_channel(self, key: int) -> list: ...
+
+
+class Syncing(Protocol):
+    """The sync policy (``workers/storage/sync_policy.py``)."""
+
+    def appended(self, topic, n: int) -> None: ...
+
+    def sync_now(self) -> None: ...
+
+
+class DeferredTimer(Protocol):
+    """The deadlines (``workers/timing/deadlines.py``): deferred-store entries were added."""
+
+    def deferred_changed(self) -> None: ...
+
+
+class ChangedTopics(Protocol):
+    """The stats plane (``workers/domain/stats_rows.py``): names of topics whose statistics may have moved."""
+    changed: set
+
+
+class CleanStop:
+    def __init__(self, index, workers, data_path, opts, log, inflight, deferred, scratch, table: OwnedTopics,
+                 held: HeldSlots, sync: Syncing, deadlines: DeferredTimer, stats: ChangedTopics):
+        self.index = index
+        self.workers = workers
+        self.data_path = data_path
+        self.opts = opts
+        self.log = log
+        self.inflight = inflight
+        self.deferred = deferred
+        self._scratch = scratch
+        self.table = table
+        self.held = held
+        self.sync = sync
+        self.deadlines = deadlines
+        self.stats = stats
+        self._existing_queues = set()
+
     # ---- save ------------------------------------------------------------------------------------------
     def save_queues(self):
         """Write every unfinished message of this worker's topics to their on-disk queues; -> messages saved."""
@@ -65,7 +120,7 @@ class Persistence:
         saved = 0
         writers = []
         self._existing_queues = set(DQ.queue_files(self.data_path))
-        for t in list(self.topics.values()):
+        for t in list(self.table.topics.values()):
             if t.ephemeral or t.deleted:
                 continue
             if not t.channels:
@@ -90,7 +145,7 @@ class Persistence:
 
     def _save_channel(self, t, ch, writers):
         w = self._writer(f"{t.name}:{ch.name}", writers)
-        slots = np.array(self.slots_of_channel(ch.key), np.int64)
+        slots = np.array(self.held.slots_of_channel(ch.key), np.int64)
         n = 0
         if len(slots):
             _, pos, att = generations(self.inflight, slots)
@@ -146,11 +201,11 @@ class Persistence:
         return loaded
 
     def _load_all(self):
-        workers = self.plan.workers
+        workers = self.workers
         for tm in metadata.load(self.data_path):
             if owner_of(tm.name, workers) != self.index:
                 continue
-            t = self.get_topic(tm.name)
+            t = self.table.get_topic(tm.name)
             for cm in tm.channels:
                 ch = t.get_channel(cm.name)
                 if cm.paused:
@@ -166,7 +221,7 @@ class Persistence:
 
     def _load_queue(self, name, topic, channel, files):
         try:
-            t = self.get_topic(topic)
+            t = self.table.get_topic(topic)
             ch = t.get_channel(channel) if channel else None
         except (StorageError, ValueError) as e:
             self.log.error(f"DISKQUEUE({name}): cannot be loaded: {e}")
@@ -186,7 +241,7 @@ class Persistence:
                 done = False
                 break
         if t.durable and loaded:
-            self.sync_now()  # in the durable log on disk before the queue files go
+            self.sync.sync_now()  # in the durable log on disk before the queue files go
         if done:
             DQ.remove_queue(self.data_path, name, files)  # (a file renamed .bad is kept for inspection)
         for path in reader.bad:
@@ -248,7 +303,7 @@ class Persistence:
         if n:
             self.stats.changed.add(t.name)
             if t.durable:
-                self.appended(t, n)
+                self.sync.appended(t, n)
 
     def _append_private(self, t, ch, buf, off, ln, ts, att, ids, not_before):
         """A channel queue's records, private to ch. Those still deferred go where a REQ with a delay puts them:
@@ -275,7 +330,7 @@ class Persistence:
             except (OSError, LogError) as e:
                 raise LoadStopped(done, e) from None
             self.deferred.add(t.index, ch.key, ids[run], pos, att[run], not_before[run])
-            self.deferred_changed()
+            self.deadlines.deferred_changed()
             done = b
 
 

@@ -1,9 +1,11 @@
 """Giving log space back: low-water marks from what channels hold, reclaiming segments behind them, and moving held
 messages forward so that they never pin the log (``compact``).
 
-A mixin of ``nsqpy.workers.processes.worker.Worker``; it uses the worker's ``inflight``, ``deferred``, ``touched`` and ``log``.
+``LogSpace`` is one part of ``nsqpy.workers.processes.worker.Worker``, built with what it uses: the in-flight table,
+the deferred store, the channel keys given out so far (``ChannelKeys``, the worker's topic table) and the log.
 """
 import time
+from typing import Protocol
 
 import numpy as np
 
@@ -13,7 +15,22 @@ from nsqpy.workers.lane import kernels as K
 COMPACT_SPAN = 2               # segments of log that held messages may pin behind every cursor before moving
 
 
-class Reclaim:
+class ChannelKeys(Protocol):
+    """The highest in-flight channel key given out so far (``TopicTable.channel_seq``): lows are indexed by key."""
+    channel_seq: int
+
+
+class LogSpace:
+    """Low-water marks and compaction for the worker's topic logs; its own state: when a failed compaction was
+    last logged (once a second at most)."""
+
+    def __init__(self, inflight, deferred, keys: ChannelKeys, log):
+        self.inflight = inflight
+        self.deferred = deferred
+        self.keys = keys
+        self.log = log
+        self._compact_logged = 0.0
+
     # ---- low-water marks and compaction ---------------------------------------------------------------
     def slots_of_channel(self, key):
         out = np.empty(self.inflight.capacity, np.int64)
@@ -36,7 +53,7 @@ class Reclaim:
                 topic.set_full(False)
 
     def _held_lows(self):
-        lows = np.full(self._channel_seq + 1, NO_LOW_WATER, np.int64)
+        lows = np.full(self.keys.channel_seq + 1, NO_LOW_WATER, np.int64)
         if len(self.inflight):
             K.low_water(self.inflight.slots, lows)
         self.deferred.low_water(lows)

@@ -22,25 +22,48 @@ channel's cursor or low-water mark and its head, delivered again (NSQ loses thos
 """
 import os
 import time
+from typing import Callable, Protocol
 
 
-class Durability:
-    def _init_durability(self):
-        self._unsynced = {}           # durable topic -> messages appended since its last sync
+class Journal(Protocol):
+    """What the sync policy uses of the worker's topic directory (``workers/storage/topic_journal.py``)."""
+    size: int
+
+    def sync(self) -> None: ...
+
+
+class Timers(Protocol):
+    """The loop's one-shot timers (``workers/processes/event_loop.py``)."""
+
+    def call_later(self, delay: float, callback: Callable[[], object]): ...
+
+
+class SyncPolicy:
+    """A worker's group commit for durable topics. Its own state: the unsynced topics and counts, the timeout timer
+    and the journal size last synced. Needs the loop's timers, the topic directory, the data path (its directory is
+    synced when files were created) and the worker's storage-health report (``storage_failed(what, exc)``)."""
+
+    def __init__(self, opts, loop: Timers, directory: Journal, data_path: str,
+                 storage_failed: Callable[[str, BaseException], None]):
+        self.loop = loop
+        self.directory = directory
+        self.data_path = data_path
+        self.storage_failed = storage_failed
+        self.unsynced = {}            # durable topic -> messages appended since its last sync (empty: nothing due)
         self._unsynced_count = 0
         self._unsynced_since = 0.0
         self._sync_timer = None
         self._journal_synced = -1
-        self._sync_every = max(1, self.opts.sync_every)
-        self._sync_timeout = max(0.0, self.opts.sync_timeout / 1e9)
+        self._sync_every = max(1, opts.sync_every)
+        self._sync_timeout = max(0.0, opts.sync_timeout / 1e9)
 
     def appended(self, topic, n):
         """(Topic.append) n messages are in a durable topic's log, not yet synced."""
-        if not self._unsynced:
+        if not self.unsynced:
             self._unsynced_since = time.monotonic()
             if self._sync_timer is None:
                 self._sync_timer = self.loop.call_later(self._sync_timeout, self._sync_timer_fired)
-        self._unsynced[topic] = self._unsynced.get(topic, 0) + n
+        self.unsynced[topic] = self.unsynced.get(topic, 0) + n
         self._unsynced_count += n
 
     def _sync_timer_fired(self):
@@ -49,7 +72,7 @@ class Durability:
 
     def sync_due(self, force=False):
         """Sync when the policy says so (or ``force``): called once per loop iteration while messages wait."""
-        if not self._unsynced:
+        if not self.unsynced:
             return
         if not (force or self._unsynced_count >= self._sync_every
                 or time.monotonic() - self._unsynced_since >= self._sync_timeout):
@@ -60,7 +83,7 @@ class Durability:
         self.sync_now()
 
     def sync_now(self):
-        topics, self._unsynced, self._unsynced_count = self._unsynced, {}, 0
+        topics, self.unsynced, self._unsynced_count = self.unsynced, {}, 0
         new_files = False
         for t in topics:
             if t.deleted:

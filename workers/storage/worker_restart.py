@@ -1,26 +1,68 @@
 """A replacement worker picking up after its predecessor died: the topic directory, the logs, the in-flight
 table, the deferred store, and what the dead process was doing (poison records, ``workers/storage/poison.py``).
 
-A mixin of ``nsqpy.workers.processes.worker.Worker``; it runs from ``Worker.__init__`` when the worker was forked again after a
-crash. Theory of operation: ARCHITECTURE.md, "Crash behaviour".
+``Restart`` is one part of ``nsqpy.workers.processes.worker.Worker``, used once, from ``Worker.__init__``, when the
+worker was forked again after a crash (``recover``, then ``after_crash``). It has no state of its own; it is built
+with what it uses: the worker's index, data path and log, the control block, the suspect words, the in-flight
+table, the deferred store, the topic journal (``read``) and three parts through narrow interfaces: the topic table
+(``RecoveredTopics``), the deadlines (``RestartTimers``) and the forwarder (``ForwardDrain``).
+Theory of operation: ARCHITECTURE.md, "Crash behaviour".
 """
-
+from typing import Mapping, Protocol
 
 from nsqpy.ipc import inflight as IF
 from nsqpy.workers.processes.scanner import RESET
 from nsqpy.workers.storage.poison import DELIVERY as DELIVERY_SUSPECT, FORWARD as FORWARD_SUSPECT, quarantine_file
-from nsqpy.workers.domain.topic import Topic
 
 
+class RecoveredTopics(Protocol):
+    """The topic table (``workers/domain/topics.py``): re-attaches the journal's topics and channels."""
+    topics: Mapping
+    channels_by_key: Mapping
 
-class Recovery:
+    def recover(self, doc: dict) -> None: ...
+
+
+class RestartTimers(Protocol):
+    """The deadlines (``workers/timing/deadlines.py``): the scanner's reset and the recovered timers."""
+
+    def send_scanner(self, rtype: int, payload: bytes, key=None) -> None: ...
+
+    def timer_start_each(self, slots, keys) -> None: ...
+
+    def deferred_changed(self) -> None: ...
+
+
+class ForwardDrain(Protocol):
+    """The forwarder (``workers/publishing/forwarding.py``): how its next drain of an input ring goes."""
+
+    def set_aside_forwarded(self, link: int, index: int) -> None: ...
+
+    def drain_carefully(self, link: int) -> None: ...
+
+
+class Restart:
+    def __init__(self, index, data_path, log, control, suspect, inflight, deferred, directory,
+                 table: RecoveredTopics, deadlines: RestartTimers, forwarder: ForwardDrain):
+        self.index = index
+        self.data_path = data_path
+        self.log = log
+        self.control = control
+        self.suspect = suspect
+        self.inflight = inflight
+        self.deferred = deferred
+        self.directory = directory
+        self.table = table
+        self.deadlines = deadlines
+        self.forwarder = forwarder
+
     # ---- the topic directory and recovery --------------------------------------------------------------
-    def _after_crash(self):
+    def after_crash(self):
         """Read what the dead predecessor was doing (workers/storage/poison.py): a delivery round makes its channel
         careful, a record that crashed it twice is set aside."""
         kind, a, key, pos, count = self.suspect.left_behind()
         if kind == DELIVERY_SUSPECT:
-            ch = self.channels_by_key.get(key)
+            ch = self.table.channels_by_key.get(key)
             if ch is None:
                 return
             if count == 1 and self.suspect.careful_rounds(key) > 0:
@@ -34,11 +76,11 @@ class Recovery:
                               f"{ch.name}; delivering them one at a time")
         elif kind == FORWARD_SUSPECT:
             if self.suspect.forwarded_again(a, pos, count):
-                self._fwd_poison = (a, count)
+                self.forwarder.set_aside_forwarded(a, count)
             else:
                 # its drain appended runs of records, and ``count`` names a run's first: drain that ring one
                 # record at a time once, so that a second crash names the record itself
-                self._fwd_careful = a
+                self.forwarder.drain_carefully(a)
 
     def _set_aside(self, ch, pos):
         """Take the message at log position pos out of channel ch's delivery and keep its body on disk."""
@@ -61,38 +103,17 @@ class Recovery:
         self.log.error(f"worker {self.index}: message {msg_id:016x} of {ch.topic.name}/{ch.name} crashed this "
                        f"worker twice; set aside in {path}")
 
-    def _recover(self):
-        from nsqpy.workers.domain.channel import Channel
-        doc = self.directory.read() or {"topics": []}
-        self._topic_seq = doc.get("topic_seq", 0)
-        self._channel_seq = doc.get("channel_seq", 0)
-        for td in doc["topics"]:
-            t = Topic.__new__(Topic)
-            try:
-                Topic.__init__(t, self, td["name"], td["index"], restarted=True)
-            except Exception as e:
-                # e.g. deleted by the dead process after its last recorded change: a topic that cannot be
-                # re-attached must not take the worker's other topics down with it (a crash loop)
-                self.log.error(f"worker {self.index}: TOPIC({td['name']}) cannot be recovered: {e!r}")
-                continue
-            t.paused = td["paused"]
-            self.topics[t.name] = t
-            self.topics_by_index[t.index] = t
-            for cd in td["channels"]:
-                ch = Channel(t, cd["name"], cd["ch"], cd["key"])
-                ch.paused = cd["paused"]
-                t.channels[ch.name] = ch
-                self.channels_by_key[ch.key] = ch
-            known = {c.ch for c in t.channels.values()}
-            for slot in t.log.open_channels():
-                if slot not in known:  # opened by the dead process just before it could record it
-                    t.log.close_channel(slot)
+    def recover(self):
+        """Re-attach the topics, requeue what was in flight at the dead process, restore timers and the deferred
+        store. (The caller marks every topic's low-water marks for the next reclaim pass.)"""
+        self.table.recover(self.directory.read() or {"topics": []})
+        channels_by_key = self.table.channels_by_key
         table = self.inflight
-        self._send_scanner(RESET, b"")
+        self.deadlines.send_scanner(RESET, b"")
         deferred, dues = [], []
         for slot in table.recover().tolist():
             info = table.slot(slot)
-            ch = self.channels_by_key.get(info.channel)
+            ch = channels_by_key.get(info.channel)
             if ch is None:
                 table.release(slot)
             elif info.state == IF.DEFERRED:
@@ -102,13 +123,11 @@ class Recovery:
                 if info.state == IF.IN_FLIGHT:
                     table.requeue(slot, 0)
                 ch.requeued.append((slot, 0))  # held before the crash: ahead of what waits in the log
-        self.timer_start_each(deferred, dues)
+        self.deadlines.timer_start_each(deferred, dues)
         self._recover_deferred()
-        self.touched.update(self.topics.values())  # set every low-water mark once from the recovered table
-        self.log.info(f"worker {self.index}: recovered {len(self.topics)} topics after a restart")
+        self.log.info(f"worker {self.index}: recovered {len(self.table.topics)} topics after a restart")
         self.control.set_connections(self.index, 0)
         self.control.set_moved_in(self.index, 0)  # the producers moved here died with the worker
-
 
     def _recover_deferred(self):
         """Rebuild the deferred store's derived state and drop what a crash left doubled: an entry whose message
@@ -121,10 +140,10 @@ class Recovery:
         drop, seen = [], set()
         table = self.inflight
         for i, key, msg_id in zip(idx.tolist(), channels.tolist(), ids.tolist()):
-            if key not in self.channels_by_key or (key, msg_id) in seen \
+            if key not in self.table.channels_by_key or (key, msg_id) in seen \
                     or table.lookup(key, msg_id, -2) != IF.ST_NOT_FOUND:
                 drop.append(i)
             seen.add((key, msg_id))
         self.deferred.free(drop)
-        self.deferred_changed()
+        self.deadlines.deferred_changed()
         self.log.info(f"worker {self.index}: recovered {len(idx) - len(drop)} deferred messages")

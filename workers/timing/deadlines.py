@@ -1,10 +1,13 @@
 """A worker's timers: in-flight deadlines through the scanner process (timer batches, ``workers/timing/timer_batches.py``) and
 deferred messages through the worker's own deferred store (``workers/domain/deferred.py``).
 
-A mixin of ``nsqpy.workers.processes.worker.Worker``; it uses the worker's ``links``, ``to_scanner``, ``timers``, ``inflight``,
-``deferred``, ``channels_by_key``, ``sessions``, ``pending`` and ``loop``.
+``Deadlines`` is one part of ``nsqpy.workers.processes.worker.Worker``, built with exactly what it uses: the link
+set (to wake the scanner) and the ring to it, the timer batches, the in-flight table, the deferred store, the
+loop's timers, the channels by key and the sessions by connection id (both owned elsewhere: read only here), and
+a channel that came due is told so (``Channel.came_due``, ``wants_delivery``).
 """
 import time
+from typing import Callable, Mapping, Protocol
 
 import numpy as np
 
@@ -18,7 +21,35 @@ START_ROWS = 65536             # START rows per ring record at most
 DEFER_RETRY = 0.05             # seconds before a channel whose deferred messages found no room is tried again
 
 
-class Timekeeping:
+class ScannerLinks(Protocol):
+    """What the deadlines use of the link set (``workers/publishing/links.py``): waking the scanner."""
+    SCANNER: int
+
+    def wake(self, proc: int) -> bool: ...
+
+
+class Timers(Protocol):
+    """The loop's one-shot timers (``workers/processes/event_loop.py``)."""
+
+    def call_later(self, delay: float, callback: Callable[[], object]): ...
+
+
+class Deadlines:
+    """In-flight deadlines through the scanner, and the deferred store's due times through a loop timer. Its
+    own state: the due time of the loop timer armed for the deferred store."""
+
+    def __init__(self, links: ScannerLinks, to_scanner, timers, inflight, deferred, loop: Timers,
+                 channels_by_key: Mapping, sessions: Mapping):
+        self.links = links
+        self.to_scanner = to_scanner
+        self.timers = timers
+        self.inflight = inflight
+        self.deferred = deferred
+        self.loop = loop
+        self.channels_by_key = channels_by_key
+        self.sessions = sessions
+        self._deferred_at = None       # due time of the loop timer armed for the deferred store
+
     # ---- deferred messages -----------------------------------------------------------------------------
     def deferred_changed(self):
         """Deferred entries were added: make sure a loop timer fires at the earliest due time. (The scanner's
@@ -42,7 +73,7 @@ class Timekeeping:
                     orphans.append(i)  # its channel is gone (deleted while the entry was popped)
                 else:
                     ch.came_due(i)
-                    self.pending.add(ch)
+                    ch.wants_delivery()
             self.deferred.free(orphans)
         self.deferred_changed()
 
@@ -51,7 +82,7 @@ class Timekeeping:
         self.loop.call_later(DEFER_RETRY, ch.wants_delivery)
 
     # ---- scanner ---------------------------------------------------------------------------------------
-    def _send_scanner(self, rtype, payload, key=None):
+    def send_scanner(self, rtype, payload, key=None):
         """Post a timer event. The scanner is woken only for a key due within its polling period (or when the
         ring fills up): it drains its rings at least every MAX_SLEEP anyway, and most keys lie a message timeout
         (>= 1 s) ahead, so waking it per delivery round would only burn a core on wake-ups."""
@@ -73,7 +104,7 @@ class Timekeeping:
                 self.loop.call_later(HOLD_S, self.post_held_timers)
             timers.hold(b, key)
             return
-        self._send_scanner(START, np.array([b, timers.gen[b], key], np.int64).tobytes(), key)
+        self.send_scanner(START, np.array([b, timers.gen[b], key], np.int64).tobytes(), key)
 
     def post_held_timers(self):
         """Post the held timers that are still live (the loop calls this HOLD_S after the first was held)."""
@@ -90,7 +121,7 @@ class Timekeeping:
     def _post_starts(self, rows):
         for k in range(0, len(rows), START_ROWS):
             part = rows[k:k + START_ROWS]
-            self._send_scanner(START, part.tobytes(), int(part[:, 2].min()))
+            self.send_scanner(START, part.tobytes(), int(part[:, 2].min()))
 
     def timer_leave(self, slots):
         self._removed(self.timers.leave(slots))
@@ -100,9 +131,9 @@ class Timekeeping:
 
     def _removed(self, empty):
         if len(empty):
-            self._send_scanner(REMOVE, np.array(empty, np.int64).tobytes())
+            self.send_scanner(REMOVE, np.array(empty, np.int64).tobytes())
 
-    def _on_scanner(self, rtype, payload):
+    def on_scanner(self, rtype, payload):
         if rtype != EXPIRED:
             return True
         table = self.inflight
@@ -118,7 +149,7 @@ class Timekeeping:
 
     def resync_scanner(self):
         """The scanner restarted with empty heaps: post every timer this worker holds."""
-        self._send_scanner(RESET, b"")
+        self.send_scanner(RESET, b"")
         self.timers.clear()
         slots, keys = [], []
         for slot in self.inflight.recover().tolist():
