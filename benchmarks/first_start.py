@@ -24,9 +24,9 @@ no list for it.
 
 --steps measures what a first start's compile costs on a host with more cores: each warm-up step
 (workers/lane/warmup.py ``_steps``, or the indices given) compiles alone, in a process of its own with a fresh numba
-cache (its imports are not counted). `steps` lists the seconds per
-step (a step the warm-up makes wait for others, ``warmup.WAITS_FOR``, is timed after they ran in the same process:
-`waits` lists their indices); `predicted_kernels_s` hands them out, but for the steps nsqd does not wait for (a
+cache (its imports are not counted). `steps` lists the seconds per step (a step the warm-up makes wait for others,
+its declared ``waits_for`` through ``warmup.dependencies``, is timed after they ran in the same process: `waits`
+lists their indices); `predicted_kernels_s` hands them out, but for the steps nsqd does not wait for (a
 first start compiles ``warmup.DEFERRED`` in the background after it listens: ``deferred`` true), as the
 warm-up's queue does to its compiling processes (each free process takes the next step in order, a waiting one
 starting once those it waits for are done; P = min(steps, cores) processes) for P = 1, 2, 4, 16 and 64, and
