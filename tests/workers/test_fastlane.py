@@ -174,7 +174,7 @@ def test_a_pub_to_our_own_topic_is_left_staged_for_the_commit(rig):
 
 
 def test_a_session_closed_while_its_publish_is_committed_gets_no_ok(rig):
-    """The worker delivers and flushes inside the publish (Forwarding._publish_staged); a flush can close a
+    """The worker delivers and flushes inside the publish (Forwarder.publish_staged); a flush can close a
     producer's session before the pump sends its OK."""
     peer, there = rig.client()
     there.sendall(C.pub("ours", b"mine"))
