@@ -466,37 +466,60 @@ def _age(name: str, now: float) -> float:
         return float("inf")
 
 
-def live_creators(names) -> list[int]:
+class Scan:
+    """What one scan of /dev/shm read, so that it reads each segment's header and each creator's /proc entry once
+    (a crashed broker with 20,000 topics leaves 40,000 segments, which every other broker's start scans): pass one
+    to ``find_dead_instances`` and ``live_creators`` within one decision. Not to be kept: a process it saw alive
+    may die."""
+
+    def __init__(self):
+        self._creators: dict[str, tuple[int, int] | None] = {}
+        self._starts: dict[int, int] = {}
+
+    def creator(self, name: str) -> tuple[int, int] | None:
+        if name not in self._creators:
+            self._creators[name] = _creator(name)
+        return self._creators[name]
+
+    def alive(self, pid: int, start: int) -> bool:
+        if pid not in self._starts:
+            self._starts[pid] = _start_time(pid) if pid > 0 else -2
+        return pid > 0 and self._starts[pid] == start
+
+
+def live_creators(names, scan: Scan | None = None) -> list[int]:
     """Pids of the processes that created these segments and are still alive (a crashed broker's children may
     outlive their supervisor by a few milliseconds as they die; a running broker's never go)."""
+    scan = scan or Scan()
     pids = []
     for name in names:
-        creator = _creator(name)
-        if creator is not None and _alive(*creator):
+        creator = scan.creator(name)
+        if creator is not None and scan.alive(*creator):
             pids.append(creator[0])
     return pids
 
 
-def _instance_dead(instance: str, names: list[str], now: float, grace: float) -> bool:
+def _instance_dead(instance: str, names: list[str], now: float, grace: float, scan: Scan) -> bool:
     control = instance + CONTROL_KIND
     if control in names:
-        creator = _creator(control)
+        creator = scan.creator(control)
         if creator is not None:
-            return not _alive(*creator)
+            return not scan.alive(*creator)
         return _age(control, now) >= grace  # not stamped yet: its supervisor may be creating it right now
     return min(_age(name, now) for name in names) >= grace  # e.g. a broker in its warm-up, before control-0
 
 
-def _spared(name: str, now: float, grace: float) -> bool:
+def _spared(name: str, now: float, grace: float, scan: Scan) -> bool:
     """A segment of a dead instance that must stay all the same: its own creator is alive (an orphaned worker
     still using it, a new broker of the same name warming up), or it is being created right now."""
-    creator = _creator(name)
+    creator = scan.creator(name)
     if creator is None:
         return _age(name, now) < grace
-    return _alive(*creator)
+    return scan.alive(*creator)
 
 
-def find_dead_instances(prefix: str = PREFIX, grace: float = INSTANCE_GRACE) -> dict[str, list[str]]:
+def find_dead_instances(prefix: str = PREFIX, grace: float = INSTANCE_GRACE,
+                        scan: Scan | None = None) -> dict[str, list[str]]:
     """{instance prefix (as ``instance_prefix`` gives it): its segment names} for every broker instance on this
     host whose supervisor is gone, whatever its data path and node id (see the theory of operation). Segments
     that must stay (``_spared``) are left out; a live instance never appears."""
@@ -507,12 +530,13 @@ def find_dead_instances(prefix: str = PREFIX, grace: float = INSTANCE_GRACE) -> 
         if m:
             groups.setdefault(m.group(1), []).append(name)
     now = time.time()
+    scan = scan or Scan()
     dead = {}
     for instance, names in sorted(groups.items()):
         try:
-            if not _instance_dead(instance, names, now, grace):
+            if not _instance_dead(instance, names, now, grace, scan):
                 continue
-            gone = [name for name in names if not _spared(name, now, grace)]
+            gone = [name for name in names if not _spared(name, now, grace, scan)]
         except PermissionError:
             continue  # another user's broker: not ours to judge, nor to remove
         if gone:

@@ -131,3 +131,22 @@ def test_plan_remove_stale_keeps_a_dead_instance_that_may_hold_messages(shm_pref
     assert sorted(list_segments("/" + shm_prefix)) == sorted(dead)
     assert len(lines) == 1 and "1 dead nsqd instance left" in lines[0] and "may hold messages" in lines[0]
     assert "nsqd --leftovers" in lines[0] and len(lines[0]) < 200
+
+
+def test_one_scan_reads_each_header_and_each_creator_once(shm_prefix, cleanup, monkeypatch):
+    """A crashed broker with many topics leaves tens of thousands of segments that every other start scans
+    (``workers/storage/leftovers.find``): each segment's header and each creator's /proc entry is read once."""
+    from nsqpy.ipc import shm
+    from nsqpy.workers.storage import leftovers
+    dead = names(shm_prefix, "/data/g", 7, ("control", 0), ("links", 0), *(("log", i) for i in range(50)))
+    create_in_child(dead)
+    headers, procs = [], []
+    real_creator, real_start = shm._creator, shm._start_time
+    monkeypatch.setattr(shm, "_creator", lambda name: headers.append(name) or real_creator(name))
+    monkeypatch.setattr(shm, "_start_time", lambda pid: procs.append(pid) or real_start(pid))
+    monkeypatch.setattr(leftovers, "find_dead_instances",
+                        lambda scan: find_dead_instances(shm_prefix, scan=scan))
+    found, = leftovers.find()
+    assert sorted(found.names) == sorted(dead)
+    assert sorted(headers) == sorted(dead)  # once each, though judged by two passes
+    assert len(procs) == 1  # one creator (the child that made them all)

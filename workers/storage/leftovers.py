@@ -12,7 +12,7 @@ import os
 from dataclasses import dataclass
 
 from nsqpy.ipc.layout import LayoutError
-from nsqpy.ipc.shm import SHM_DIR, Segment, find_dead_instances, live_creators, list_segments, remove_segments
+from nsqpy.ipc.shm import SHM_DIR, Scan, Segment, find_dead_instances, live_creators, list_segments, remove_segments
 from nsqpy.workers.publishing import links
 
 
@@ -102,9 +102,10 @@ class Leftover:
 def find(instances=None) -> list[Leftover]:
     """Every dead instance's leftovers (``instances``: ``find_dead_instances()``'s answer, if already at hand)."""
     found = []
-    for prefix, names in (find_dead_instances() if instances is None else instances).items():
+    scan = Scan()  # each segment's header and each creator's /proc entry read once in this decision
+    for prefix, names in (find_dead_instances(scan=scan) if instances is None else instances).items():
         names = list_segments(prefix)  # all of them, also those of its processes still dying
-        if live_creators(names):
+        if live_creators(names, scan):
             continue
         path, node_id = _recorded(prefix)
         found.append(Leftover(prefix, names, sum(map(_blocks, names)), any(map(holds_messages, names)), path,
