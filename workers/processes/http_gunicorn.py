@@ -58,8 +58,11 @@ class _Arbiter(Arbiter):
 
 class _Booted:
     """How many of an arbiter's workers have booted (loaded the app, set their handlers): a counter in a memfd,
-    under flock, shared by the workers forked after it was made. ``count`` -> True for the worker that completes
-    the first ``n`` (later boots, replacements of dead workers, count on without effect)."""
+    under a POSIX record lock (``lockf``), shared by the workers forked after it was made. Not ``flock``: forked
+    workers share the fd's open file description, which owns a flock, so two workers counting at once both held
+    it, both counted 1 and the ready byte never came (one start in ~30 with two workers). A record lock belongs to
+    the process. ``count`` -> True for the worker that completes the first ``n`` (later boots, replacements of dead
+    workers, count on without effect)."""
 
     def __init__(self, n):
         self.n = n
@@ -67,12 +70,12 @@ class _Booted:
         os.write(self.fd, b"\0" * 8)
 
     def count(self):
-        fcntl.flock(self.fd, fcntl.LOCK_EX)
+        fcntl.lockf(self.fd, fcntl.LOCK_EX)
         try:
             done = int.from_bytes(os.pread(self.fd, 8, 0), "little") + 1
             os.pwrite(self.fd, done.to_bytes(8, "little"), 0)
         finally:
-            fcntl.flock(self.fd, fcntl.LOCK_UN)
+            fcntl.lockf(self.fd, fcntl.LOCK_UN)
         return done == self.n
 
 
