@@ -17,6 +17,7 @@ import nsqpy.workers.domain.channel
 import nsqpy.workers.domain.session
 import nsqpy.workers.domain.topic
 from nsqpy.ipc import msglog_kernels as MK
+from nsqpy.workers.domain.policy import Policy
 from nsqpy.ipc.inflight import C_N_LIVE, InFlightTable, inflight_nbytes
 from nsqpy.protocol import client as C
 from nsqpy.protocol.frames import FRAME_MESSAGE, OK_FRAME
@@ -89,6 +90,7 @@ class Channel:
         self._rr = self.message_count = 0
         self.started = []
         self.e2e = None
+        self.policy = Policy.OFF
         topic.channels[name] = self
 
     def wants_delivery(self):

@@ -41,6 +41,7 @@ from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.workers.domain.deferred import DeferredNoSpace
 from nsqpy.workers.domain.e2e import new_window
 from nsqpy.workers.domain.hosts import ChannelParent
+from nsqpy.workers.domain.policy import Policy
 from nsqpy.workers.lane.kernels import deliver_round, generations, round_words, waiting_positions
 from nsqpy.workers.lane.words import ROUND_WORDS
 from nsqpy.workers.storage.poison import DELIVERY
@@ -76,6 +77,11 @@ class Channel:
         self.message_count = 0  # messages put into the channel (nsqd's channel message_count)
         self.requeue_count = 0
         self.timeout_count = 0
+        # nsqpy's policies (workers/domain/policy.py): the effective values, set by the owner; what they did
+        self.policy = Policy.OFF
+        self.dead_lettered_count = 0
+        self.expired_count = 0
+        self.dropped_count = 0
         self.deleted = False
         self.blocked = False    # the last delivery pass found the in-flight table full
         self._rr = 0            # the consumer whose turn it is to be served first
@@ -171,7 +177,7 @@ class Channel:
             cursor = log.cursor(self.ch)
             if cursor >= mark:
                 return self._deliver_came_back(s, budget, now, deadline, cursor)
-        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0:
+        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0 and self.policy.plain:
             n = self._deliver_round(s, budget, now, deadline)
             if n >= 0:
                 return n

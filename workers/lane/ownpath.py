@@ -23,7 +23,8 @@ every channel a row did not cover.
 Arming is all or nothing, and Python decides it with everything in view, at the one moment nothing else runs:
 the loop is about to block, so nothing changes between ``arm`` and the lane's read. A topic is not armed (the
 Python path takes it, as before) when any of these holds: it is durable (``--mem-queue-size=0``: its OKs wait
-for ``--sync-every``), marked full, deleted, or storage is failing; a channel with consumers has anything waiting
+for ``--sync-every``), marked full, deleted, or storage is failing; any channel has a TTL or a bound
+(``Policy.plain`` is false: workers/domain/policy.py; they are checked per message in Python); a channel with consumers has anything waiting
 (messages ahead of its cursor, requeued or due ones) or is in careful rounds (``workers/storage/poison.py``); the
 consumer whose turn it is samples, has output queued or is closing; there are more than MAX_ROWS such channels;
 compiled rounds are off (``--crash-on-body``); publishes forwarded by other workers wait in our rings. The
@@ -226,6 +227,8 @@ class OwnPath:
             return None
         rows, fins_only = [], []
         for ch in t.channels.values():
+            if not ch.policy.plain:
+                return None  # a TTL or a bound is checked per message in Python (workers/domain/policy.py)
             if not ch.delivering():
                 continue  # nothing to deliver to now: the message waits in the log, as after Topic.append
             if ch.has_messages() or w.suspect.careful_rounds(ch.key):
