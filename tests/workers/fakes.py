@@ -23,6 +23,8 @@ from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.workers.domain.channel import Channel
 from nsqpy.workers.domain.deferred import DeferredStore, LocalChunks
 from nsqpy.workers.domain.session import MIGRATED, Session
+from nsqpy.workers.publishing.forwarding import Parked
+from nsqpy.workers.publishing.records import FORWARD
 
 S = 8 << 20
 
@@ -69,6 +71,38 @@ class FakeWorker:
         self.rounds = []
         self.opts = SimpleNamespace(max_msg_timeout=900 * 10**9)
         self._keys = 0
+        self.log = FakeLog()
+        self.dead_letters = []          # (topic, [bodies]) committed by dead_letter
+        self.dead_letter_answer = True  # what dead_letter answers: True, False, "park" or a StorageError to raise
+        self.dead_parked = []           # (Parked, topic, [bodies]) while the answer is "park"
+
+    def dead_letter(self, topic, src, offsets, lengths):
+        """Forwarder.commit for a channel's dead letters: committed (recorded), refused, parked or raising."""
+        bodies = [bytes(src[o:o + n]) for o, n in zip(offsets.tolist(), lengths.tolist())]
+        answer = self.dead_letter_answer
+        if isinstance(answer, BaseException):
+            raise answer
+        if answer == "park":
+            p = Parked(FORWARD, src.copy(), topic, 0)
+            self.dead_parked.append((p, topic, bodies))
+            return p
+        if answer:
+            self.dead_letters.append((topic, bodies))
+        return answer
+
+    def answer_dead_parked(self, committed=True):
+        """The ring had room (committed) or the owner refused (not): what Forwarder.retry_parked answers."""
+        parked, self.dead_parked = self.dead_parked, []
+        for p, topic, bodies in parked:
+            for s, n, error, verb in p.waiters:
+                if committed:
+                    s.count_pub(topic, n)
+                    s.release()
+                else:
+                    s.fail_held(error(f"{verb} failed topic {topic} is full"))
+            if committed:
+                self.dead_letters.append((topic, bodies))
+
 
     def next_channel_key(self):
         self._keys += 1

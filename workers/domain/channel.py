@@ -22,6 +22,17 @@ only when a consumer gets them. A DPUB to a topic with channels is parked for ea
 ``message_count`` is nsqd's: every message put into the channel (counted as its topic appends it,
 ``Topic.count_appended``), not deliveries; a requeue, timeout or due deferred message does not count again.
 
+nsqpy's policies (``self.policy``, ``workers/domain/policy.py``; set by the owner, ``Policy.OFF`` unless configured).
+``max_attempts``: a message delivered that many times and then REQ'd (any delay), timed out or left in flight by a
+consumer that went away goes to the dead-letter topic instead of back into the channel. ``message_ttl_ms``: a
+message older than that (its publish timestamp) when it comes up for delivery (read from the log, requeued, or due
+from the deferred store) is never delivered: it goes to the dead-letter topic when one is in effect, else it is
+dropped; both count in ``expired_count``, the moved ones in ``dead_lettered_count`` too. A TTL keeps the channel off
+the compiled rounds (``Policy.plain``), so the general path checks each round's timestamps with one array compare;
+max_attempts costs a slot read per REQ, timeout and disconnect only when it is set. A message being moved holds
+its in-flight slot, REQUEUED and in no queue, until its dead letter is committed (``_dead_letter``; the format, the
+crash marks and the parked publish's waiter: ``workers/domain/dead_letter.py``).
+
 What a channel needs from its worker is narrow and declared: ``hosts.ChannelHost`` names every service (the
 in-flight table, the deferred store, the timers, the frame writers, the sets of pending and blocked channels...),
 and ``hosts.ChannelParent`` what it uses of its topic; a unit test passes small fakes of both
@@ -35,9 +46,10 @@ import time
 import numpy as np
 
 from nsqpy.ipc import inflight as IF
-from nsqpy.protocol.errors import FinFailed, ReqFailed, TouchFailed
+from nsqpy.protocol.errors import FinFailed, PubFailed, ReqFailed, TouchFailed
 from nsqpy.protocol.ids import hex_to_id
 from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
+from nsqpy.workers.domain import dead_letter as DL
 from nsqpy.workers.domain.deferred import DeferredNoSpace
 from nsqpy.workers.domain.e2e import new_window
 from nsqpy.workers.domain.hosts import ChannelParent
@@ -49,6 +61,7 @@ from nsqpy.workers.storage.poison import DELIVERY
 ROUND = 256            # messages per consumer per round: fairness between consumers vs. calls per message
 MAX_ROUND_BYTES = 4 << 20   # frames per round (a single bigger message goes alone)
 NO_STOP = np.iinfo(np.int64).max
+DEAD_LETTER_RETRY = 0.05    # seconds: expired messages whose dead-letter publish was refused are tried again after
 _FAIL_TEXT = {IF.ST_NOT_OWNER: "client does not own message"}
 
 
@@ -82,6 +95,10 @@ class Channel:
         self.dead_lettered_count = 0
         self.expired_count = 0
         self.dropped_count = 0
+        self.doomed = collections.deque()     # (held slot, reason): to dead-letter (after a crash, or a refusal)
+        self._doomed_at = 0.0                 # time.monotonic() before which ``doomed`` is not tried again
+        self._expiring = []                   # held slots of this round's expired messages (dead-lettered after it)
+        self._refused_logged = {}             # why a dead-letter publish was refused -> when it was last logged
         self.deleted = False
         self.blocked = False    # the last delivery pass found the in-flight table full
         self._rr = 0            # the consumer whose turn it is to be served first
@@ -138,6 +155,8 @@ class Channel:
     def deliver(self):
         """One delivery pass over the consumers, starting with the one whose turn it is; True when more could be
         delivered right away."""
+        if self.doomed and time.monotonic() >= self._doomed_at:
+            self._dead_letter_doomed()
         if not self.delivering():
             return False
         consumers = self.consumers
@@ -157,6 +176,8 @@ class Channel:
             if careful:
                 budget = 1  # the worker died delivering this channel: one message per round names the culprit
             delivered = self._deliver_to(s, budget)
+            if self._expiring:  # after the round: its reads and cursor are done with
+                self._dead_letter_expiring()
             if delivered:
                 self._rr = k + 1
                 if careful:
@@ -207,11 +228,19 @@ class Channel:
         pos, ids, att = b.positions[:n], b.ids[:n], b.attempts[:n] + 1
         keep = None
         stop = NO_STOP  # the first record that found no in-flight slot: the cursor stops there
+        old = None
+        if self.policy.message_ttl_ms:  # (policy.plain is False: the compiled round left this channel to us)
+            old = b.timestamps[:n] < now - self.policy.message_ttl_ns
+            if old.any():
+                stop = self._expire_read(s, pos[old], ids[old], att[old] - 1, now)
+                keep = ~old
+            else:
+                old = None
         if b.latest_not_before > now:  # (a comparison of ints: no array test on every round)
             nb = b.not_before[:n]
-            deferred = nb > now
-            stop = self._park_deferred(pos[deferred], ids[deferred], att[deferred] - 1, nb[deferred], now)
-            keep = ~deferred
+            deferred = nb > now if old is None else (nb > now) & ~old
+            stop = min(stop, self._park_deferred(pos[deferred], ids[deferred], att[deferred] - 1, nb[deferred], now))
+            keep = ~deferred if keep is None else keep & ~deferred
         if s.settings.sample_rate > 0:
             sampled = np.random.randint(0, 100, n) <= s.settings.sample_rate
             keep = sampled if keep is None else keep & sampled
@@ -222,6 +251,8 @@ class Channel:
             pos, ids, att = pos[before], ids[before], att[before]
         pos, att, slots, full_at = self._start(s, pos, ids, att, now, deadline)
         stop = min(stop, full_at)
+        if old is not None and not self.policy.dead_letter_topic:  # expired and dropped: those the cursor passes
+            self.expired_count += int((b.positions[:n][old] < stop).sum())
         # A full in-flight table is back-pressure, never loss: the cursor passes only what was started, parked
         # or skipped; what follows is read again once FIN/REQ/timeouts free slots (they all call
         # wants_delivery). Records after the stop that did get a slot are live in it; re-reading them finds
@@ -230,6 +261,39 @@ class Channel:
         # worker that dies framing them (workers/storage/poison.py) finds them there, requeued, and can set one aside.
         log.advance(self.ch, nxt if stop == NO_STOP else stop)
         return self._send(s, pos, att, slots, deadline)
+
+    def _expire_read(self, s, pos, ids, att, now):
+        """Records of the log older than the TTL: never delivered. With a dead-letter topic each takes an in-flight
+        slot, held (REQUEUED, in no queue) until its dead letter is committed after the round
+        (``_dead_letter_expiring``) -> NO_STOP, or the position of the first that found the table full (the cursor
+        stops there: back-pressure). Without one they are dropped as the cursor passes them."""
+        if not self.policy.dead_letter_topic:
+            return NO_STOP
+        _, _, slots, full_at = self._start(s, pos, ids, att, now, now)
+        self._expire_held(self._requeue_all(slots))
+        return full_at
+
+    def _requeue_all(self, slots):
+        """In-flight slots -> REQUEUED in the table (held: in no queue of the channel) -> their list."""
+        table = self.worker.inflight
+        slots = slots.tolist() if isinstance(slots, np.ndarray) else list(slots)
+        for slot in slots:
+            table.requeue(slot, 0)
+        return slots
+
+    def _expire_held(self, slots):
+        """Held slots (REQUEUED, in no queue) of messages older than the TTL: dead-lettered after this round
+        (``_dead_letter_expiring``) when a dead-letter topic is in effect, else dropped now (freed, counted)."""
+        if not slots:
+            return
+        if self.policy.dead_letter_topic:
+            self._expiring.extend(slots)
+            return
+        table = self.worker.inflight
+        for slot in slots:
+            table.release(slot)
+        self.expired_count += len(slots)
+        self.worker.touched.add(self.topic)  # the log may reclaim what they pinned
 
     def _earliest_mark(self):
         """The log position before which the oldest message that came back waits (the head when it came back)."""
@@ -333,14 +397,25 @@ class Channel:
         waiting_positions(table.slots, peek, pos)
         live = pos >= 0
         frames = np.zeros(want, np.int64)
+        old = None
         if live.any():
-            frames[live] = self.topic.log.records_at(pos[live]).lengths[:int(live.sum())] + FRAME_OVERHEAD
+            recs = self.topic.log.records_at(pos[live])
+            k = int(live.sum())
+            frames[live] = recs.lengths[:k] + FRAME_OVERHEAD
+            if self.policy.message_ttl_ms:
+                old = np.zeros(want, np.bool_)
+                old[live] = recs.timestamps[:k] < now - self.policy.message_ttl_ns
+                frames[old] = 0  # never delivered: no room in the round
         take = _round_size(frames, int(np.argmax(live)) + 1)
-        taken = []
-        for _ in range(min(take, want)):
+        taken, expired = [], []
+        for i in range(min(take, want)):
             slot = self.requeued.popleft()[0]
-            if table.redeliver(slot, s.conn_id, now, deadline) == IF.OK:
+            if old is not None and old[i]:
+                expired.append(slot)
+            elif table.redeliver(slot, s.conn_id, now, deadline) == IF.OK:
                 taken.append(slot)
+        if expired:
+            self._expire_held(expired)
         slots = np.array(taken, np.int64)
         _, pos, att = generations(table, slots)
         return self._send(s, pos, att, slots, deadline)
@@ -368,9 +443,20 @@ class Channel:
         want = min(budget, len(self.due))
         idx = np.fromiter((e[0] for e in itertools.islice(self.due, want)), np.int64, want)
         _, _, ids, pos, att, _ = store.fields(idx)
-        lengths = self.topic.log.records_at(pos).lengths[:want] + FRAME_OVERHEAD
+        recs = self.topic.log.records_at(pos)
+        lengths = recs.lengths[:want] + FRAME_OVERHEAD
+        old = None
+        if self.policy.message_ttl_ms:
+            old = recs.timestamps[:want] < now - self.policy.message_ttl_ns
+            if old.any():
+                lengths[old] = 0  # never delivered: no room in the round
+            else:
+                old = None
         take = _round_size(lengths, 1)
         idx, ids, pos, att = idx[:take], ids[:take], pos[:take], att[:take] + 1
+        if old is not None:
+            old = old[:take]
+            att = att - old  # an expired one was not delivered again: its slot keeps the count it had
         table = self.worker.inflight
         slots = self._slots[:take] if take <= ROUND else np.empty(take, np.int64)
         table.start_batch(self.topic.index, self.key, s.conn_id, now, deadline, ids, pos, att, slots)
@@ -383,6 +469,10 @@ class Channel:
         # started, or already holding a slot (a crash between start and free): either way the slot delivers it
         store.free(idx[:stop])
         ok = slots[:stop] >= 0
+        if old is not None:
+            expired = ok & old[:stop]
+            self._expire_held(self._requeue_all(slots[:stop][expired]))
+            ok &= ~old[:stop]
         pos, att, slots = pos[:stop][ok], att[:stop][ok], slots[:stop][ok]
         return self._send(s, pos, att, slots, deadline)
 
@@ -438,15 +528,19 @@ class Channel:
         slot = self._lookup(s, msg_id, "REQ", ReqFailed)
         table = self.worker.inflight
         self.worker.timer_leave_one(slot)
-        if timeout_ms <= 0:
-            table.requeue(slot, 0)
-            self.put_back((slot,))
-        elif not self._defer_slot(slot, time.time_ns() + timeout_ms * 1_000_000):
-            table.requeue(slot, 0)  # the store cannot grow: requeue now rather than lose it
-            self.put_back((slot,))
+        if self.policy.max_attempts and self._over_attempts(table.slot(slot).attempts):
+            table.requeue(slot, 0)  # held for its dead letter; the REQ is answered as nsqd does (nothing)
+            self._dead_letter([slot], DL.MAX_ATTEMPTS)  # (the channel counts it in dead_lettered_count)
+        else:
+            self.requeue_count += 1
+            if timeout_ms <= 0:
+                table.requeue(slot, 0)
+                self.put_back((slot,))
+            elif not self._defer_slot(slot, time.time_ns() + timeout_ms * 1_000_000):
+                table.requeue(slot, 0)  # the store cannot grow: requeue now rather than lose it
+                self.put_back((slot,))
         s.in_flight -= 1
         s.requeue_count += 1
-        self.requeue_count += 1
         self.wants_delivery()
 
     def _defer_slot(self, slot, due):
@@ -488,6 +582,10 @@ class Channel:
                 if session.ready_for_more():
                     self.wants_delivery()
             self.worker.inflight.requeue(slot, 0)
+            if self.policy.max_attempts and self._over_attempts(info.attempts):
+                self._dead_letter([slot], DL.MAX_ATTEMPTS)
+                self.wants_delivery()
+                return
         self.put_back((slot,))
         self.wants_delivery()
 
@@ -498,7 +596,13 @@ class Channel:
         mine = [x for x in slots.tolist() if table.slot(x).channel == self.key]
         for slot in mine:
             table.requeue(slot, 0)
-        self.put_back(mine)
+        back = mine
+        if mine and self.policy.max_attempts:  # nsqd would time them out: over the attempts, they are dead
+            dead = [x for x in mine if self._over_attempts(table.slot(x).attempts)]
+            if dead:
+                back = [x for x in mine if x not in set(dead)]
+                self._dead_letter(dead, DL.MAX_ATTEMPTS)
+        self.put_back(back)
         if mine:
             self.worker.timer_leave(np.array(mine, np.int64))
             session.in_flight = 0
@@ -530,7 +634,107 @@ class Channel:
             table.release(slot)
         self.requeued.clear()
         self.due.clear()
+        self.doomed.clear()
+        self._expiring = []
         self.worker.deferred.drop_channel(self.key)
         for s in self.consumers:
             s.in_flight = 0
 
+
+    # ---- dead letters (workers/domain/dead_letter.py) --------------------------------------------------------
+    def _over_attempts(self, attempts):
+        """A message delivered this many times is dead at its REQ, timeout or consumer's disconnect."""
+        return attempts >= self.policy.max_attempts > 0 and bool(self.policy.dead_letter_topic)
+
+    def recover_held(self, slot):
+        """A restarted worker's recovery: a slot of this channel whose dead letter was under way when its
+        predecessor died (``dead_letter.marked``) is dead-lettered again, never delivered again -> True; False
+        for any other slot (requeued as before)."""
+        reason = DL.marked(self.worker.inflight, slot)
+        if reason is None:
+            return False
+        self.doomed.append((slot, reason))
+        self.wants_delivery()
+        return True
+
+    def _dead_letter_expiring(self):
+        slots, self._expiring = self._expiring, []
+        self._dead_letter(slots, DL.TTL)
+
+    def _dead_letter_doomed(self):
+        """Held slots waiting for their dead letter (recovered after a crash, or refused before): try again."""
+        by_reason = {}
+        while self.doomed:
+            slot, reason = self.doomed.popleft()
+            by_reason.setdefault(reason, []).append(slot)
+        for reason, slots in by_reason.items():
+            self._dead_letter(slots, reason)
+
+    def _dead_letter(self, slots, reason):
+        """Move the messages of held slots (REQUEUED in the table, in no queue of the channel, no timer) to the
+        dead-letter topic as one publish: each slot marked, the dead letters committed through the worker's one
+        publish decision (``Forwarder.commit``), then the slots released. A publish parked for room in the ring
+        completes later (``dead_letter.Waiter``); a refused one puts the messages back (``_dead_letter_refused``)."""
+        w = self.worker
+        table = w.inflight
+        dead = self.policy.dead_letter_topic
+        if not dead:  # the policy changed since these were decided
+            if reason == DL.TTL and self.policy.message_ttl_ms:
+                self._expire_held(slots)
+            else:
+                self.put_back(slots)
+                self.wants_delivery()
+            return
+        infos = [table.slot(x) for x in slots]
+        marks = [DL.mark(table, x, reason) for x in slots]
+        src, offsets, lengths = DL.pack(self.topic.name, self.name, self.topic.log, infos, reason)
+        from nsqpy.workers.domain.topic import StorageError  # (topic.py imports this module)
+        try:
+            done = w.dead_letter(dead, src, offsets, lengths)
+        except StorageError as e:
+            self._dead_letter_refused(slots, marks, reason, f"cannot be stored: {e}")
+            return
+        if done is True:
+            self._dead_lettered(slots, marks, reason)
+        elif not done:
+            self._dead_letter_refused(slots, marks, reason, f"topic {dead} is full")
+        else:  # parked: the ring to the dead-letter topic's owner has no room now
+            done.add(DL.Waiter(lambda: self._dead_lettered(slots, marks, reason),
+                               lambda err: self._dead_letter_refused(slots, marks, reason, str(err))),
+                     len(slots), PubFailed, "PUB")
+
+    def _dead_lettered(self, slots, marks, reason):
+        """The dead letters were committed: free the slots that still hold them (one the channel's deletion or
+        emptying freed meanwhile is not touched: its mark no longer holds)."""
+        table = self.worker.inflight
+        n = 0
+        for slot, value in zip(slots, marks):
+            if DL.still_marked(table, slot, value):
+                table.release(slot)
+                n += 1
+        self.dead_lettered_count += n
+        if reason == DL.TTL:
+            self.expired_count += n
+        self.worker.channel_changed(self)  # the log may reclaim what they pinned; the counts changed
+
+    def _dead_letter_refused(self, slots, marks, reason, why):
+        """The dead-letter topic refused them (full, no space): nothing is lost. Over max_attempts, a message is
+        delivered again and dead-lettered at its next REQ or timeout; an expired one is never delivered: it
+        waits in ``doomed`` and is tried again after DEAD_LETTER_RETRY. One log line per cause and second."""
+        table = self.worker.inflight
+        live = [slot for slot, value in zip(slots, marks) if DL.still_marked(table, slot, value)]
+        for slot in live:
+            DL.unmark(table, slot)
+        now = time.monotonic()
+        if now - self._refused_logged.get(why, 0.0) >= 1.0:
+            self._refused_logged[why] = now
+            then = "delivered again" if reason == DL.MAX_ATTEMPTS else "kept and tried again"
+            self.worker.log.warn(f"CHANNEL({self.topic.name}:{self.name}): dead letters to "
+                                 f"{self.policy.dead_letter_topic} refused ({why}): {len(live)} messages {then}")
+        if reason == DL.MAX_ATTEMPTS:
+            self.put_back(live)
+        else:
+            self.doomed.extend((slot, reason) for slot in live)
+            self._doomed_at = now + DEAD_LETTER_RETRY / 2  # (retry_later's wake-up comes after DEFER_RETRY)
+            self.worker.retry_later(self)
+        self.wants_delivery()

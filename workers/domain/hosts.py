@@ -143,6 +143,12 @@ class ChannelHost(Protocol):
     table_blocked: set      # channels a full in-flight table stopped
     touched: set            # topics whose low-water marks may have moved
     round_buffer: np.ndarray | None  # a compiled round's frames; None: no compiled rounds (--crash-on-body)
+    log: Log                # a refused dead-letter publish's line
+
+    def dead_letter(self, topic: str, src: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> Any:
+        """Publish dead letters (``workers/domain/dead_letter.py``) to ``topic`` through the worker's one publish
+        decision (``Forwarder.commit``): True, False (refused: full) or a ``Parked`` publish; StorageError."""
+        ...
 
     def write_frames(self, s: Any, log: Any, positions: np.ndarray, attempts: np.ndarray) -> None: ...
 
@@ -195,6 +201,8 @@ class TopicHost(ChannelHost, Protocol):
     storage_failing: bool
 
     def next_channel_key(self) -> int: ...
+
+    def channel_policy(self, topic: str, channel: str) -> Any: ...   # a new channel's Policy (domain/policy.py)
 
     def delete_topic(self, name: str) -> None: ...
 

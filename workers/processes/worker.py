@@ -409,6 +409,10 @@ class Worker:
             return True
         return not self.links.prepare_sleep(self.index, self._inputs_empty)
 
+    def dead_letter(self, topic, src, offsets, lengths):
+        """A channel's dead letters (workers/domain/dead_letter.py): the one publish decision, as a PUB's."""
+        return self.forwarder.commit(topic, src, offsets, lengths)
+
     def _deliver_now(self):
         """Lone PUBs were appended to a topic of ours: its channels deliver and flush before the pump's OKs."""
         if self.pending:

@@ -119,6 +119,8 @@ class Restart:
             elif info.state == IF.DEFERRED:
                 deferred.append(slot)
                 dues.append(info.deadline_ns)
+            elif ch.recover_held(slot):
+                pass  # its dead letter was under way: sent again, never delivered again (workers/domain/dead_letter.py)
             else:
                 if info.state == IF.IN_FLIGHT:
                     table.requeue(slot, 0)
