@@ -12,6 +12,7 @@ from nsqpy.client.errors import (ClientError, ConnectionClosed, InvalidName, NoC
                                  StoppedError)
 from nsqpy.client.message import Message
 from nsqpy.client.producer import AsyncProducer
+from nsqpy.protocol.dead_letter import decode as decode_dead_letter  # a dead-letter topic's messages (nsqpy only)
 
 __all__ = ["Producer", "Consumer", "AsyncProducer", "AsyncConsumer", "Config", "Message", "ProtocolError",
-           "ClientError", "ConnectionClosed", "InvalidName", "NoConnection", "StoppedError"]
+           "ClientError", "ConnectionClosed", "InvalidName", "NoConnection", "StoppedError", "decode_dead_letter"]

@@ -73,15 +73,14 @@ class FakeWorker:
         self._keys = 0
         self.log = FakeLog()
         self.dead_letters = []          # (topic, [bodies]) committed by dead_letter
-        self.dead_letter_answer = True  # what dead_letter answers: True, False, "park" or a StorageError to raise
+        self.dead_letter_answer = True  # what dead_letter answers: True, False or "park"
         self.dead_parked = []           # (Parked, topic, [bodies]) while the answer is "park"
 
     def dead_letter(self, topic, src, offsets, lengths):
-        """Forwarder.commit for a channel's dead letters: committed (recorded), refused, parked or raising."""
+        """Worker.dead_letter (Forwarder.commit) for a channel's dead letters: committed (recorded), refused or
+        parked."""
         bodies = [bytes(src[o:o + n]) for o, n in zip(offsets.tolist(), lengths.tolist())]
         answer = self.dead_letter_answer
-        if isinstance(answer, BaseException):
-            raise answer
         if answer == "park":
             p = Parked(FORWARD, src.copy(), topic, 0)
             self.dead_parked.append((p, topic, bodies))
@@ -102,7 +101,6 @@ class FakeWorker:
                     s.fail_held(error(f"{verb} failed topic {topic} is full"))
             if committed:
                 self.dead_letters.append((topic, bodies))
-
 
     def next_channel_key(self):
         self._keys += 1

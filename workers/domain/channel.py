@@ -688,16 +688,11 @@ class Channel:
         infos = [table.slot(x) for x in slots]
         marks = [DL.mark(table, x, reason) for x in slots]
         src, offsets, lengths = DL.pack(self.topic.name, self.name, self.topic.log, infos, reason)
-        from nsqpy.workers.domain.topic import StorageError  # (topic.py imports this module)
-        try:
-            done = w.dead_letter(dead, src, offsets, lengths)
-        except StorageError as e:
-            self._dead_letter_refused(slots, marks, reason, f"cannot be stored: {e}")
-            return
+        done = w.dead_letter(dead, src, offsets, lengths)
         if done is True:
             self._dead_lettered(slots, marks, reason)
         elif not done:
-            self._dead_letter_refused(slots, marks, reason, f"topic {dead} is full")
+            self._dead_letter_refused(slots, marks, reason, f"topic {dead} is full or cannot store them")
         else:  # parked: the ring to the dead-letter topic's owner has no room now
             done.add(DL.Waiter(lambda: self._dead_lettered(slots, marks, reason),
                                lambda err: self._dead_letter_refused(slots, marks, reason, str(err))),

@@ -1,69 +1,30 @@
-"""Dead letters (issue 49): the message a channel moves to its dead-letter topic, and the marks that keep the move
-from being lost or doubled in a worker crash.
-
-The format. A dead letter is an ordinary new message of the dead-letter topic (an ID of that topic's own, so IDs
-stay unique there even when several topics share one dead-letter topic) whose body is one JSON header line, then
-``\\n``, then the original body, byte for byte::
-
-    {"topic":"T","channel":"C","id":"<16 hex digits>","attempts":N,"timestamp":<publish ns>,"reason":"ttl"}\\n<body>
-
-``reason`` is ``max_attempts`` (the message was delivered ``attempts`` times, then REQ'd, timed out or its
-consumer went away with it in flight) or ``ttl`` (it was older than the channel's ``message_ttl_ms`` when it came
-up for delivery; ``attempts`` is how often it was delivered before). ``decode`` reads one back (a consumer of the
-dead-letter topic: ``nsqpy.client`` re-exports it as ``decode_dead_letter``).
+"""Dead letters (issue 49), the broker's side: packing the dead letters of held messages into one publish, the
+marks that keep a move from being lost or sent to the channel's consumers again in a worker crash, and the waiter
+of a parked dead-letter publish. The format itself (encode/decode) is ``nsqpy/protocol/dead_letter.py``.
 
 The move. The message to move holds an in-flight slot in the REQUEUED state that no queue of its channel holds
 (so nothing delivers it, and a SIGKILL's recovery finds it); its slot's spare word gets a mark (``mark``: the
 slot's generation and the reason), then the dead letter is published through the worker's one publish decision
 (``Forwarder.commit``: appended here or one FORWARD record to the owner's ring), then the slot is released. A
 recovering worker honours a valid mark (``marked``): such a slot is dead-lettered again rather than requeued, so
-a message decided dead is never delivered to its channel's consumers again. The mark is valid only with the
-generation the slot had when it was marked: every later change of the slot (release, reuse) bumps the generation,
-so a stale mark on a reused slot means nothing and no write is needed to clear it.
+a message decided dead is never delivered to its channel's consumers again (a crash after the commit and before
+the release sends it twice to the dead-letter topic; its header's id tells the copies apart). The mark is valid
+only with the generation the slot had when it was marked: every later change of the slot (release, reuse) bumps
+the generation, so a stale mark on a reused slot means nothing and no write is needed to clear it.
 """
 from __future__ import annotations
-
-import json
 
 import numpy as np
 
 from nsqpy.ipc import inflight as IF
+from nsqpy.protocol.dead_letter import MAX_ATTEMPTS, TTL, decode, encode, encode_header  # noqa: F401 (re-exported)
 
-MAX_ATTEMPTS = "max_attempts"
-TTL = "ttl"
-REASONS = (MAX_ATTEMPTS, TTL)
 _CODE = {MAX_ATTEMPTS: 1, TTL: 2}
 _REASON = {1: MAX_ATTEMPTS, 2: TTL}
 S_MARK = IF.S_HASH + 1   # the in-flight slot's spare word (ipc/inflight.py's layout: "HASH, 1 spare")
-HEADER_FIELDS = ("topic", "channel", "id", "attempts", "timestamp", "reason")
 
 
-# ---- the format ----------------------------------------------------------------------------------------------
-def encode_header(topic, channel, msg_id, attempts, timestamp, reason):
-    """The header line (with its ``\\n``) of a dead letter of message ``msg_id`` (the uint64 ID) of topic/channel."""
-    return json.dumps({"topic": topic, "channel": channel, "id": f"{msg_id:016x}", "attempts": int(attempts),
-                       "timestamp": int(timestamp), "reason": reason}, separators=(",", ":")).encode() + b"\n"
-
-
-def encode(topic, channel, msg_id, attempts, timestamp, reason, body):
-    return encode_header(topic, channel, msg_id, attempts, timestamp, reason) + bytes(body)
-
-
-def decode(body):
-    """A dead letter's body -> (header dict with HEADER_FIELDS, the original body). ValueError when it is not one."""
-    raw = bytes(body)
-    line, sep, rest = raw.partition(b"\n")
-    if not sep:
-        raise ValueError("not a dead letter: no header line")
-    try:
-        header = json.loads(line)
-    except (ValueError, UnicodeDecodeError) as e:
-        raise ValueError(f"not a dead letter: its header is not JSON ({e})") from None
-    if not isinstance(header, dict) or any(k not in header for k in HEADER_FIELDS):
-        raise ValueError(f"not a dead letter: its header lacks one of {', '.join(HEADER_FIELDS)}")
-    return header, rest
-
-
+# ---- the publish ----------------------------------------------------------------------------------------------
 def pack(topic, channel, log, infos, reason):
     """The dead letters of the held messages ``infos`` (``SlotInfo``s of one channel's slots) as one publish ->
     (src, offsets, lengths) for ``Forwarder.commit``."""

@@ -147,7 +147,8 @@ class ChannelHost(Protocol):
 
     def dead_letter(self, topic: str, src: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> Any:
         """Publish dead letters (``workers/domain/dead_letter.py``) to ``topic`` through the worker's one publish
-        decision (``Forwarder.commit``): True, False (refused: full) or a ``Parked`` publish; StorageError."""
+        decision (``Forwarder.commit``) -> True (committed), False (refused: the topic is full or cannot store
+        them) or a ``Parked`` publish (the ring to the topic's owner has no room now)."""
         ...
 
     def write_frames(self, s: Any, log: Any, positions: np.ndarray, attempts: np.ndarray) -> None: ...

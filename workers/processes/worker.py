@@ -53,6 +53,7 @@ from nsqpy.workers.lane.ownpath import OwnPath
 from nsqpy.workers.storage.clean_stop import CleanStop
 from nsqpy.workers.lane.pump import AUTO, PLACEMENTS, Pump
 from nsqpy.workers.storage.log_space import LogSpace
+from nsqpy.workers.domain.topic import StorageError
 from nsqpy.workers.domain.topics import TopicTable
 from nsqpy.workers.storage.worker_restart import Restart
 from nsqpy.workers.domain.stats_rows import STATS_WAKE_SIGNAL, StatsPublisher
@@ -411,7 +412,10 @@ class Worker:
 
     def dead_letter(self, topic, src, offsets, lengths):
         """A channel's dead letters (workers/domain/dead_letter.py): the one publish decision, as a PUB's."""
-        return self.forwarder.commit(topic, src, offsets, lengths)
+        try:
+            return self.forwarder.commit(topic, src, offsets, lengths)
+        except StorageError:
+            return False  # already logged (storage_failed); the channel keeps the messages and tries again
 
     def _deliver_now(self):
         """Lone PUBs were appended to a topic of ours: its channels deliver and flush before the pump's OKs."""
