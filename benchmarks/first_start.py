@@ -1,8 +1,9 @@
 """How long nsqd takes to listen on its first start after an install (numba's cache empty: every kernel compiles)
-and on later starts (loaded from the cache), optionally next to another checkout (a commit before a change).
+and on later starts (loaded from the cache), optionally next to another checkout (a commit before a change) and
+Go nsqd.
 
-    python -m benchmarks.first_start [--rounds=2] [--warm-starts=1] [--moved] [--workers=2] [--no-http]
-                                     [--baseline-checkout=DIR] [--out=FILE]
+    python -m benchmarks.first_start [--rounds=1] [--warm-starts=1] [--compile-only] [--go-nsqd=PATH] [--moved]
+                                     [--workers=2] [--no-http] [--baseline-checkout=DIR] [--out=FILE]
     python -m benchmarks.first_start --steps[=I,J,...] [--out=FILE]
 
 Each round gives each checkout a fresh XDG_CACHE_HOME (so a fresh numba cache: ipc/numba_cache.py): a cold start
@@ -10,7 +11,21 @@ fills it, then --warm-starts starts load from it. Each start gets a fresh data p
 `TCP: listening on` line. nsqd runs with its HTTP API on (port 0), as an operator's does, unless --no-http; then
 `*_http_s` is the time from exec to the `HTTP: listening on` line (the same moment as TCP's for a checkout that
 prints both once every child is ready). Checkouts alternate within a round (the cold starts, then each warm start),
-so a drift in the machine's load hits both alike. Prints one JSON line (commit, cores, command).
+so a drift in the machine's load hits both alike. Prints one JSON line (commit, cores, command). A cold round
+costs some 30 s of CPU (more with --compile-only): the default is one round, on a machine others share.
+
+`cold_full_speed_s`: exec to the last worker's `forward lane on` line (a first start compiles the forward lane in
+the background after it listens; until then the workers serve on the loop's Python path): full speed. A warm start
+has the lane from its first request.
+
+--compile-only adds, per round and checkout, the install step README's commands can run before the first start:
+`nsqd --compile-only` on another fresh cache (`compile_only_s`, exec to its exit; `compile_only_progress`, how many
+`compiled k/N` lines it printed, and `compile_only_first_line_s`, exec to its first), then a start on the cache it
+filled (`after_compile_only_s`): what a newcomer's first `nsqd` costs when the install step ran.
+
+--go-nsqd=PATH adds a start of Go nsqd per round (`go`: `start_s`, exec to its `TCP: listening on` line, and
+`http_s`), on a fresh data path, with the same listeners (port 0). Without it, or when PATH is not an executable
+file, Go is skipped (the result says so in `go_skipped`).
 
 --moved adds, after each round's warm starts, a start of a copy of each checkout's packages in another directory
 (a reinstall elsewhere: a new virtualenv, a release directory per deploy) with that checkout's cache (`moved_s`).
@@ -59,23 +74,55 @@ from benchmarks.process import LISTENING, REPO
 HELLO = re.compile(rb"INFO: nsqd v")
 KERNELS = re.compile(rb"kernels ready in ([0-9.]+)s")
 HTTP_LISTENING = re.compile(rb"HTTP: listening on ")
-PACKAGES = ("ipc", "nsqpy", "workers", "http_api")  # what nsqd runs (an install's site-packages holds these)
+LANE_ON = re.compile(rb"worker \d+: forward lane on")
+PROGRESS = re.compile(rb"INFO: compiled \d+/\d+: ")
+PACKAGES = (("nsqpy", "nsqpy"), ("ipc", "nsqpy/ipc"), ("workers", "nsqpy/workers"), ("http_api", "nsqpy/http_api"))
 
 
-def start_time(checkout, cache_home, workers, http=True):
-    """-> (seconds from exec to TCP's listening line, {phase: seconds} of those nsqd logged, and http_s)."""
-    data = tempfile.mkdtemp(prefix="nsqpy-first-")
+def install(checkout, site):
+    """A copy of the checkout's packages in ``site``, laid out as a wheel installs them (setup.cfg's package_dir:
+    ipc/, workers/ and http_api/ inside nsqpy/). nsqd runs from there (its working directory: ``python -m`` puts
+    it first on sys.path): a copy in the repository's layout would import this virtualenv's editable install's
+    ipc/ and workers/ instead of its own, and a copy taken at the start keeps a run's sources fixed while others
+    edit the checkout. The kernel cache's key names files as a checkout does, so the copy shares its cache."""
+    for package, there in PACKAGES:
+        shutil.copytree(os.path.join(checkout, package), os.path.join(site, there),
+                        ignore=shutil.ignore_patterns("__pycache__"))
+    return site
+
+
+def _nsqd(*flags):
+    return [sys.executable, "-m", "nsqpy.workers.processes.nsqd", *flags]
+
+
+def _env(cache_home):
     env = dict(os.environ, XDG_CACHE_HOME=cache_home, PYTHONUNBUFFERED="1")
     env.pop("NUMBA_CACHE_DIR", None)
     env.pop("PYTHONDONTWRITEBYTECODE", None)  # see the module docstring
+    return env
+
+
+def start_time(checkout, cache_home, workers, http=True, argv=None):
+    """-> (seconds from exec to TCP's listening line, {phase: seconds} of those nsqd logged, and http_s; and on a
+    first start full_speed_s, exec to the last worker's `forward lane on`). ``argv``: another server (Go nsqd),
+    started the same way with a fresh data path (``{data}`` in it)."""
+    data = tempfile.mkdtemp(prefix="nsqpy-first-")
+    http_flag = "--http-address=127.0.0.1:0" if http else "--http-address="
+    if argv is None:
+        argv = _nsqd("--tcp-address=127.0.0.1:0", http_flag, f"--data-path={data}", f"--workers={workers}",
+                     "--log-level=debug")
+    else:
+        argv = [a.format(data=data) for a in argv] + ["--tcp-address=127.0.0.1:0", http_flag]
     t0 = time.monotonic()
-    proc = subprocess.Popen([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0",
-                             "--http-address=127.0.0.1:0" if http else "--http-address=", f"--data-path={data}",
-                             f"--workers={workers}", "--log-level=debug"], cwd=checkout, env=env,
-                            stdout=subprocess.PIPE, stderr=subprocess.STDOUT, start_new_session=True)
-    phases, tcp = {}, None
+    proc = subprocess.Popen(argv, cwd=checkout, env=_env(cache_home), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT, start_new_session=True)
+    phases, tcp, lanes, cold = {}, None, 0, False
     try:
         for line in proc.stdout:
+            if b"compiling the forward lane in the background" in line:
+                cold = True  # a first start: its workers switch the lane on later (waited for: full_speed_s)
+            if b"the forward lane failed" in line:
+                cold = False  # (nsqd says so: the workers go on without it)
             if "hello_s" not in phases and HELLO.search(line):
                 phases["hello_s"] = time.monotonic() - t0
             kernels = KERNELS.search(line)
@@ -85,13 +132,32 @@ def start_time(checkout, cache_home, workers, http=True):
                 tcp = time.monotonic() - t0
             if http and HTTP_LISTENING.search(line):
                 phases["http_s"] = time.monotonic() - t0
-            if tcp is not None and (not http or "http_s" in phases):
+            if LANE_ON.search(line):
+                lanes += 1
+                if lanes == workers:
+                    phases["full_speed_s"] = time.monotonic() - t0
+            if tcp is not None and (not http or "http_s" in phases) and (not cold or "full_speed_s" in phases):
                 return tcp, phases
-        raise SystemExit(f"{checkout}: nsqd exited with {proc.wait()} before listening")
+        raise SystemExit(f"{checkout}: {argv[0]} exited with {proc.wait()} before listening")
     finally:
         proc.send_signal(signal.SIGTERM)
         proc.wait(120)
         shutil.rmtree(data, ignore_errors=True)
+
+
+def compile_only_time(checkout, cache_home):
+    """``nsqd --compile-only`` on ``cache_home``: -> (seconds from exec to its exit, {"progress": its `compiled
+    k/N` lines, "first_line_s": exec to its first line})."""
+    t0 = time.monotonic()
+    proc = subprocess.Popen(_nsqd("--compile-only"), cwd=checkout, env=_env(cache_home), stdout=subprocess.PIPE,
+                            stderr=subprocess.STDOUT)
+    phases = {"progress": 0}
+    for line in proc.stdout:
+        phases.setdefault("first_line_s", time.monotonic() - t0)
+        phases["progress"] += bool(PROGRESS.search(line))
+    if proc.wait() != 0:
+        raise SystemExit(f"{checkout}: nsqd --compile-only exited with {proc.returncode}")
+    return time.monotonic() - t0, phases
 
 
 STEP_TIMER = """
@@ -173,9 +239,12 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--steps", nargs="?", const="all", default=None,
                    help="time each warm-up step's compile alone (or those at the indices given, e.g. 6,7)")
-    p.add_argument("--rounds", type=int, default=2)
+    p.add_argument("--rounds", type=int, default=1, help="rounds (each cold one costs ~30 s of CPU)")
     p.add_argument("--warm-starts", type=int, default=1,
                    help="warm starts per round and checkout, after its cold start (alternating between checkouts)")
+    p.add_argument("--compile-only", action="store_true",
+                   help="also time nsqd --compile-only on a fresh cache and the start after it (the install step)")
+    p.add_argument("--go-nsqd", default="", help="path of a Go nsqd binary to start in the same rounds")
     p.add_argument("--moved", action="store_true",
                    help="also time a start of a copy of each checkout elsewhere, on its filled cache (moved_s)")
     p.add_argument("--workers", type=int, default=2)
@@ -185,11 +254,31 @@ def main(argv=None):
     opts = p.parse_args(argv)
     if opts.steps is not None:
         return steps_main(opts)
-    checkouts = {"current": REPO}
+    sources = {"current": REPO}
     if opts.baseline_checkout:
-        checkouts["baseline"] = opts.baseline_checkout
-    kinds = ("cold", "warm") + (("moved",) if opts.moved else ())
+        sources["baseline"] = opts.baseline_checkout
+    checkouts = {name: install(path, tempfile.mkdtemp(prefix=f"nsqpy-{name}-")) for name, path in sources.items()}
+    try:
+        _rounds(opts, checkouts)
+    finally:
+        for site in checkouts.values():
+            shutil.rmtree(site, ignore_errors=True)
+
+
+def _rounds(opts, checkouts):
+    kinds = ("cold", "warm") + (("moved",) if opts.moved else ()) + (
+        ("compile_only", "after_compile_only") if opts.compile_only else ())
     runs = {name: {f"{kind}_s": [] for kind in kinds} for name in checkouts}
+    go_skipped = None
+    if not opts.go_nsqd:
+        go_skipped = "no --go-nsqd given"
+    elif not (os.path.isfile(opts.go_nsqd) and os.access(opts.go_nsqd, os.X_OK)):
+        go_skipped = f"{opts.go_nsqd} is not an executable file"
+    if go_skipped:
+        log(f"Go nsqd skipped: {go_skipped}")
+    else:
+        runs["go"] = {"start_s": []}
+    http = not opts.no_http
 
     def record(name, kind, total, phases):
         runs[name][f"{kind}_s"].append(round(total, 2))
@@ -198,29 +287,46 @@ def main(argv=None):
 
     for r in range(opts.rounds):
         caches = {name: tempfile.mkdtemp(prefix="nsqpy-cache-") for name in checkouts}
+        installed = {name: tempfile.mkdtemp(prefix="nsqpy-cache-") for name in checkouts}
         try:
             for name, checkout in checkouts.items():
-                record(name, "cold", *start_time(checkout, caches[name], opts.workers, not opts.no_http))
+                record(name, "cold", *start_time(checkout, caches[name], opts.workers, http))
             for _ in range(opts.warm_starts):  # alternating between the checkouts
                 for name, checkout in checkouts.items():
-                    record(name, "warm", *start_time(checkout, caches[name], opts.workers, not opts.no_http))
+                    record(name, "warm", *start_time(checkout, caches[name], opts.workers, http))
+            if "go" in runs:
+                total, phases = start_time(REPO, caches["current"], opts.workers, http,
+                                           argv=[opts.go_nsqd, "--data-path={data}"])
+                runs["go"]["start_s"].append(round(total, 3))
+                if "http_s" in phases:
+                    runs["go"].setdefault("http_s", []).append(round(phases["http_s"], 3))
+            if opts.compile_only:
+                for name, checkout in checkouts.items():
+                    record(name, "compile_only", *compile_only_time(checkout, installed[name]))
+                    record(name, "after_compile_only", *start_time(checkout, installed[name], opts.workers, http))
             if opts.moved:
                 for name, checkout in checkouts.items():
                     with tempfile.TemporaryDirectory(prefix="nsqpy-moved-") as site:
-                        for package in PACKAGES:
-                            shutil.copytree(os.path.join(checkout, package), os.path.join(site, package),
-                                            ignore=shutil.ignore_patterns("__pycache__"))
-                        record(name, "moved", *start_time(site, caches[name], opts.workers, not opts.no_http))
+                        record(name, "moved", *start_time(install(checkout, site), caches[name], opts.workers,
+                                                          http))
         finally:
-            for cache in caches.values():
+            for cache in (*caches.values(), *installed.values()):
                 shutil.rmtree(cache, ignore_errors=True)
         for name in checkouts:
-            log(f"round {r} {name}: cold {runs[name]['cold_s'][-1]:.1f}s, warm "
-                + ", ".join(f"{w:.2f}s" for w in runs[name]["warm_s"][-opts.warm_starts:])
-                + (f", moved {runs[name]['moved_s'][-1]:.2f}s" if opts.moved else ""))
-    medians = {name: {k: statistics.median(v) for k, v in figs.items()} for name, figs in runs.items()}
-    result = dict(environment(), tool="first_start", workers=opts.workers, http=not opts.no_http, runs=runs,
-                  medians=medians)
+            got = runs[name]
+            log(f"round {r} {name}: cold {got['cold_s'][-1]:.1f}s"
+                + (f" (full speed {got['cold_full_speed_s'][-1]:.1f}s)" if got.get("cold_full_speed_s") else "")
+                + ", warm " + ", ".join(f"{w:.2f}s" for w in got["warm_s"][-opts.warm_starts:])
+                + (f", moved {got['moved_s'][-1]:.2f}s" if opts.moved else "")
+                + (f", compile-only {got['compile_only_s'][-1]:.1f}s then {got['after_compile_only_s'][-1]:.2f}s"
+                   if opts.compile_only else ""))
+        if "go" in runs:
+            log(f"round {r} go: {runs['go']['start_s'][-1]:.3f}s")
+    medians = {name: {k: statistics.median(v) for k, v in figs.items() if v} for name, figs in runs.items()}
+    result = dict(environment(), tool="first_start", workers=opts.workers, http=http, runs=runs, medians=medians,
+                  rounds=opts.rounds)
+    if go_skipped:
+        result["go_skipped"] = go_skipped
     if "baseline" in medians:
         result["baseline_commit"] = git_commit(opts.baseline_checkout)
         for kind in kinds:

@@ -10,6 +10,7 @@ The forward lane is the exception: a first start compiles it in a background pro
 """
 import json
 import os
+import re
 import shutil
 import signal
 import subprocess
@@ -230,9 +231,19 @@ def test_compile_only_fills_the_cache_so_that_the_next_start_loads_every_kernel(
         assert out.returncode == 0, out.stdout
         return out.stdout
 
-    assert "compiling the broker's kernels" in compile_only()
+    first = compile_only()
+    assert "compiling the broker's kernels" in first
+    # progress: one line per warm-up step as it finishes (in either compiling process), counted 1..N
+    from nsqpy.workers.lane import warmup
+    total = len(warmup.declared())
+    assert f"({total} steps in " in first
+    progress = re.findall(r"INFO: compiled (\d+)/(\d+): (\S+) \([0-9.]+s\), [0-9.]+s so far", first)
+    assert [(int(k), int(n)) for k, n, _ in progress] == [(k, total) for k in range(1, total + 1)]
+    assert sorted(name for _, _, name in progress) == sorted(warmup.step_name(f) for f in warmup.declared())
     compiled = _compiled(tmp_path / "cache")
-    assert "compiling" not in compile_only()  # already there
+    again = compile_only()
+    assert "compiling" not in again and "compiled " not in again  # already there: nothing to say but that
+    assert "(every one was in the cache already)" in again
     assert [s for s in set(os.listdir("/dev/shm")) - segments if "compile" in s] == []
     nsqd = nsqd_factory("--log-level=debug")
     assert "compiling" not in nsqd.output() and "forward lane on" not in nsqd.output()  # on from the start

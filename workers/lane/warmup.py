@@ -8,10 +8,12 @@ One exception, on a first start only (a cold cache): the DEFERRED steps (the for
 paths) compile in a background process while nsqd starts and listens, and each worker switches the lane on once
 it is in the cache (``Background``); until then the loop's Python path does its work.
 """
+import contextlib
 import functools
 import mmap
 import os
 import signal
+import struct
 import time
 
 from nsqpy.ipc import atomics, diskqueue_kernels, heap, inflight, msglog, ring, statrows, wake
@@ -61,16 +63,44 @@ def dependencies(steps):
 WAIT_LIMIT_S = 300.0   # a step waited for longer than this (a compiling process died?) is compiled here anyway
 
 
-def _compile_in_parallel(steps, queue, processes, done, log):
+def step_name(step):
+    """A step as progress lines name it: ``ipc.msglog.warm_up`` (its function, without the ``nsqpy.`` prefix)."""
+    fn = _function(step)
+    return f"{fn.__module__}.{fn.__qualname__}".removeprefix("nsqpy.")
+
+
+class Progress:
+    """The lines a compile prints as its steps finish, one per step, so that a first start's or --compile-only's
+    tens of seconds are not silent: ``compiled 3/18: ipc.msglog.warm_up (4.4s), 7.2s so far``. Counted in the
+    order the steps finish, whichever process compiled them."""
+
+    def __init__(self, total, log, clock=time.monotonic):
+        self.total, self.log, self.clock = total, log, clock
+        self.finished = 0
+        self.started = clock()
+
+    def step(self, name, seconds):
+        self.finished += 1
+        if self.log is not None:
+            self.log.info(f"compiled {self.finished}/{self.total}: {name} ({seconds:.1f}s), "
+                          f"{self.clock() - self.started:.1f}s so far")
+
+
+_REPORT = struct.Struct("=BI")  # a compiling child's report of a finished step: its index, milliseconds it took
+
+
+def _compile_in_parallel(steps, queue, processes, done, progress):
     """Cold cache: ``processes`` forked children take the steps at the indices ``queue`` one at a time from a
     shared queue (a pipe of step numbers, in order: whoever is free takes the next), so that numba compiles them
     on every core at once and writes them to its cache; the caller then loads them all (milliseconds each).
     Dealing them out in fixed shares left one child with most of the work on 2 cores. A step of waits_for first
     waits until the steps it names are marked in ``done`` (shared memory), so that it loads their kernels instead
-    of compiling them a second time. Forking here is safe: the supervisor has no thread yet and numba has compiled
-    nothing."""
+    of compiling them a second time. Each child reports a finished step on a second pipe (one write of a few
+    bytes: atomic), and this process prints ``progress`` from those reports until every child has closed it.
+    Forking here is safe: the supervisor has no thread yet and numba has compiled nothing."""
     waits = dependencies(steps)
     queue_r, queue_w = os.pipe()
+    report_r, report_w = os.pipe()
     os.write(queue_w, bytes(queue))  # a few bytes: far below a pipe's capacity, never blocks
     os.close(queue_w)                # so a child reading an empty queue gets end of file
     pids = []
@@ -82,21 +112,30 @@ def _compile_in_parallel(steps, queue, processes, done, log):
             try:
                 from nsqpy.process import die_with_parent
                 die_with_parent(parent)  # a SIGKILLed nsqd does not leave them compiling
+                os.close(report_r)
                 while step := os.read(queue_r, 1):  # one byte: a pipe's reads of it are atomic
                     i = step[0]
                     try:
                         _wait_for(done, waits.get(i, ()))
+                        t0 = time.monotonic()
                         steps[i]()
                     finally:
                         done[i] = 1
+                    os.write(report_w, _REPORT.pack(i, min(round((time.monotonic() - t0) * 1000), 2**32 - 1)))
                 code = 0
             finally:
                 os._exit(code)
         pids.append(pid)
     os.close(queue_r)
+    os.close(report_w)  # the children hold the only write ends now: end of file once all exited
+    with os.fdopen(report_r, "rb") as reports:
+        while report := reports.read(_REPORT.size):  # (a buffered read: whole reports, until end of file)
+            if len(report) == _REPORT.size:
+                i, ms = _REPORT.unpack(report)
+                progress.step(step_name(steps[i]), ms / 1000)
     failed = sum(os.waitstatus_to_exitcode(os.waitpid(pid, 0)[1]) != 0 for pid in pids)
-    if failed and log is not None:
-        log.warn(f"{failed} of {processes} kernel-compiling processes failed; compiling the rest here")
+    if failed and progress.log is not None:
+        progress.log.warn(f"{failed} of {processes} kernel-compiling processes failed; compiling the rest here")
 
 
 def _wait_for(done, indices):
@@ -160,28 +199,54 @@ def warm_up(prefix, log=None, processes=None, defer=True):
     goes on after nsqd listens: -> its ``Background``, or None when every kernel is ready."""
     steps = _steps(prefix)
     done = mmap.mmap(-1, len(steps))  # shared with the children: 1 when step i finished (or failed)
-    later, background = [], None
+    later, background, progress = [], None, None
     if cache_is_cold():
         if defer and os.access(os.path.dirname(_mark_path()), os.W_OK):
             later = [i for i, step in enumerate(steps) if _function(step) in DEFERRED]
         now = [i for i in range(len(steps)) if i not in later]
         processes = max(1, min(len(now), processes or os.cpu_count() or 1))
         if log is not None:
-            log.info(f"compiling the broker's kernels for this version ({processes} processes; the first start "
-                     f"after an install or upgrade only)")
+            log.info(f"compiling the broker's kernels for this version ({len(now)} steps in {processes} processes; "
+                     f"the first start after an install or upgrade only)")
         _prune(log)
         if later:
             background = Background.start(steps, later, done, log)
+        progress = Progress(len(now), log)
         if processes > 1:
-            _compile_in_parallel(steps, now, processes, done, log)
+            _compile_in_parallel(steps, now, processes, done, progress)
+            progress = None  # the loop below only loads them now
     load_without_registries()
-    for i, step in enumerate(steps):
-        if i not in later:
-            step()
-            done[i] = 1
+    with quiet_llvm_lock():
+        for i, step in enumerate(steps):
+            if i not in later:
+                t0 = time.monotonic()
+                step()
+                done[i] = 1
+                if progress is not None:  # one compiling process: this one, here
+                    progress.step(step_name(step), time.monotonic() - t0)
     if background is None:
         touch_mark()
     return background
+
+
+@contextlib.contextmanager
+def quiet_llvm_lock():
+    """Within: llvmlite calls no callback around its lock. numba registers one pair (``numba.core.base``) that
+    turns every call into LLVM into two ``numba:llvm_lock`` events, which only numba's compile-time statistics
+    listen to; a warm start's loads make some 10,000 such calls, and the events were ~15% of the loading's CPU
+    (0.26 -> 0.22 s, 8 runs each). Restored on the way out (a later compile records its statistics again)."""
+    try:
+        from llvmlite.binding import ffi
+        callbacks = ffi.lib._lock._cblist
+    except (ImportError, AttributeError):  # another llvmlite: loads as before
+        yield
+        return
+    saved = list(callbacks)
+    callbacks.clear()
+    try:
+        yield
+    finally:
+        callbacks[:] = saved + [c for c in callbacks if c not in saved]
 
 
 def touch_mark(create=True):
@@ -295,8 +360,9 @@ class Background:
 
     def load(self):
         """In a worker, once ``ready``: the lane's steps again, which now load its kernels from numba's cache."""
-        for step in self.steps:
-            step()
+        with quiet_llvm_lock():
+            for step in self.steps:
+                step()
 
     def reap(self):
         """The supervisor's periodic look: collect the child once it exited."""

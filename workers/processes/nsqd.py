@@ -278,14 +278,16 @@ def compile_only(log):
     """--compile-only: every warm-up step, the deferred ones too, into numba's cache (in one process per core when
     it is cold); -> the exit code. The next nsqd of these sources, wherever installed, then only loads them."""
     from nsqpy.ipc import numba_cache
-    from nsqpy.workers.lane.warmup import warm_up
+    from nsqpy.workers.lane.warmup import cache_is_cold, warm_up
     if not numba_cache.CACHE_ENABLED:
         log.fatal("numba's cache directory is not writable (ipc/numba_cache.py): the kernels would compile for "
                   "this process only")
         return 1
     t0 = time.monotonic()
-    warm_up(f"/nsqpy-compile{os.getpid()}-", log, defer=False)
-    log.info(f"kernels ready in {time.monotonic() - t0:.2f}s in {numba_cache.CACHE_DIR}")
+    cold = cache_is_cold()
+    warm_up(f"/nsqpy-compile{os.getpid()}-", log, defer=False)  # a line per step compiled (warmup.Progress)
+    log.info(f"kernels ready in {time.monotonic() - t0:.2f}s in {numba_cache.CACHE_DIR}"
+             + ("" if cold else " (every one was in the cache already)"))
     return 0
 
 
