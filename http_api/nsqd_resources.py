@@ -147,7 +147,9 @@ class Mpub(_Resource):
 def _publish(deps, topic, bodies, defer_ms):
     try:
         deps.publish(topic, bodies, defer_ms)
-    except PublishRefused:
+    except PublishRefused as e:
+        if str(e).startswith("CHANNEL_FULL"):  # a bounded channel refused it, or blocked it too long (issue 49)
+            raise ApiError(503, "CHANNEL_FULL") from None
         raise ApiError(503, "EXITING") from None  # nsqd's answer to any failed PutMessage(s)
 
 

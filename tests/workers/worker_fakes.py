@@ -7,6 +7,7 @@ log), and records what it was asked. The rings are real: ``two_workers`` builds 
 process's memory, so a full ring, a drain and the owner's wake-up are the broker's own code.
 """
 import mmap
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
@@ -62,6 +63,9 @@ class FullMarks:
     def topic_full(self, owner, crc):
         return (owner, crc) in self.full
 
+    def refusal(self, owner, crc, topic):
+        return f"topic {topic} is full" if (owner, crc) in self.full else None
+
 
 class FakeSuspect:
     """The poison-record words a drain writes (``workers/storage/poison.py``)."""
@@ -84,9 +88,12 @@ class FakeSuspect:
 class AppendOnlyTopic:
     """What the forwarder uses of a Topic: ``append``. Keeps the bodies; ``room`` messages at most (then False,
     as a topic whose budgets are used up); ``broken`` makes it raise StorageError (no memory or disk)."""
+    bounded = ()     # no bounded channel (workers/domain/bounds.py)
+    limited = None
 
     def __init__(self, name, room=None):
         self.name = name
+        self.crc = zlib.crc32(name.encode())
         self.bodies = []
         self.acknowledged = []
         self.room = room

@@ -14,6 +14,7 @@ Layout (int64 words after the common header line, one LINE per process so writer
                     when it hands a producer over, worker w subtracts one when such a session leaves, both with
                     an atomic add, and a replacement of w resets it)
     then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
+    then            per worker, FULL_SLOTS x REASON_WORDS words: why each marked topic is marked (worker w)
 
 The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop
 iteration and re-post their timers when it moved (the scanner restarted and cleared its heaps).
@@ -22,12 +23,21 @@ Full topics: a worker that cannot append to a topic it owns marks it (slot crc32
 a marker bit), and the other workers refuse publishes to it at once (E_PUB_FAILED, as nsqd) instead of forwarding
 records the owner could not take. Two full topics on one slot: the later wins, the other's publishes are
 forwarded and land in the log's overdraft (nsqpy.ipc.msglog.OVERDRAFT_SEGMENTS); a topic never looks full by mistake.
+
+Bounded channels (workers/domain/policy.py: max_depth / max_bytes) use the same mark with a kind beside it, in the
+slot's reason words (written before the mark, read after it): ``MARK_FULL`` (its log cannot take more: refuse),
+``MARK_CHANNEL_FULL`` (a channel with ``overflow`` reject is at its limit: refuse, naming the channel and the
+limit) and ``MARK_BLOCKED`` (a channel with ``overflow`` block is at its limit: senders park the publish and hold
+its producer until the owner clears the mark). Whoever only asks ``topic_full`` (the compiled forward lane) sees
+any mark, and leaves the publish to Python, which asks ``mark_kind``.
 """
+import numpy as np
+
 from nsqpy.ipc.atomics import py_fetch_add, py_load_acquire, py_store_release
 from nsqpy.ipc.layout import LINE, LINE_WORDS, HEADER_WORDS, check_header, magic, stamp_header, words
 
 MAGIC = magic("NSQCTRL1")
-VERSION = 2
+VERSION = 3
 SCANNER_EPOCH, SCANNER_RESTARTS = LINE_WORDS, LINE_WORDS + 1
 W_CONNS, W_RESTARTS = 0, 1
 W_FLAGS = 13            # after workers/storage/poison.py's words: F_* bits, written by the worker only
@@ -37,10 +47,14 @@ W_STORAGE_FAILED = 14   # ns time of the worker's last failure to store (0: its 
 W_MOVED_IN = 15         # round-trip producers moved to this worker as their topics' owner (auto placement)
 FULL_SLOTS = 256
 _FULL_MARK = 1 << 40
+MARK_FULL, MARK_CHANNEL_FULL, MARK_BLOCKED = 0, 1, 2
+LIMITS = ("max_depth", "max_bytes")   # the limit a channel mark names (its index in the reason word)
+REASON_WORDS = 10       # kind | name length << 8 | limit << 16, the limit's value, the channel's name (64 bytes)
+NAME_BYTES = 8 * (REASON_WORDS - 2)
 
 
 def nbytes(workers):
-    return LINE * (2 + workers) + 8 * FULL_SLOTS * workers
+    return LINE * (2 + workers) + 8 * FULL_SLOTS * workers * (1 + REASON_WORDS)
 
 
 class Control:
@@ -124,13 +138,48 @@ class Control:
     def _full_slot(self, w, crc):
         return (2 + self.workers) * LINE_WORDS + w * FULL_SLOTS + crc % FULL_SLOTS
 
+    def _reason_at(self, w, crc):
+        return (2 + self.workers) * LINE_WORDS + FULL_SLOTS * self.workers + \
+            (w * FULL_SLOTS + crc % FULL_SLOTS) * REASON_WORDS
+
     def set_topic_full(self, w, crc, full):
         """Worker w (the owner) marks or clears the topic whose name has this crc32."""
+        self.set_topic_mark(w, crc, MARK_FULL if full else None)
+
+    def set_topic_mark(self, w, crc, kind, channel="", limit=0, value=0):
+        """Worker w (the owner) marks the topic (``kind``: MARK_*; None clears its mark). A channel mark names the
+        channel and its limit (``limit`` an index of LIMITS, ``value`` its value) for the senders' errors."""
         i = self._full_slot(w, crc)
-        if full:
-            py_store_release(self.w, i, _FULL_MARK | crc)
-        elif int(self.w[i]) == _FULL_MARK | crc:
-            py_store_release(self.w, i, 0)
+        if kind is None:
+            if int(self.w[i]) == _FULL_MARK | crc:
+                py_store_release(self.w, i, 0)
+            return
+        r = self._reason_at(w, crc)
+        name = channel.encode()[:NAME_BYTES]
+        text = self.w[r + 2:r + REASON_WORDS].view(np.uint8)
+        text[:len(name)] = np.frombuffer(name, np.uint8)
+        self.w[r + 1] = value
+        py_store_release(self.w, r, kind | len(name) << 8 | limit << 16)
+        py_store_release(self.w, i, _FULL_MARK | crc)
+
+    def mark_kind(self, w, crc):
+        """The kind (MARK_*) of the topic's mark, or None when it has none."""
+        word = int(py_load_acquire(self.w, self._reason_at(w, crc)))
+        return (word & 0xFF) if self.topic_full(w, crc) else None
+
+    def refusal(self, w, crc, topic):
+        """Why a publish to the marked ``topic`` is refused (nsqd's E_PUB_FAILED reason after 'PUB failed '), or
+        None when it is not refused (no mark, or MARK_BLOCKED: the publish waits)."""
+        r = self._reason_at(w, crc)
+        word = int(py_load_acquire(self.w, r))
+        value = int(self.w[r + 1])
+        name = bytes(self.w[r + 2:r + REASON_WORDS].view(np.uint8)[:(word >> 8) & 0xFF]).decode(errors="replace")
+        if not self.topic_full(w, crc):
+            return None
+        kind = word & 0xFF
+        if kind == MARK_CHANNEL_FULL:
+            return f"channel {topic}:{name} is full ({LIMITS[(word >> 16) & 1]} {value})"
+        return None if kind == MARK_BLOCKED else f"topic {topic} is full"
 
     def full_word(self, w, crc):
         """(index into ``self.w``, value it holds while the topic is full): ``topic_full`` for compiled code."""

@@ -12,7 +12,10 @@ Theory of operation
   slot's eventfd until the owner has drained some records (it wakes us), then tries again. It fails
   (``PublishFailed``, nsqd's E_PUB_FAILED) only for a real limit: the owner marked the topic full, or it cannot
   store the record at the head of that ring (STALLED: no space); or when the caller's ``timeout`` passed
-  (``PublishTimeout``: nothing was committed).
+  (``PublishTimeout``: nothing was committed). A topic its owner marked for a bounded channel
+  (``workers/domain/bounds.py``) fails at once with ``ChannelFull`` (overflow reject), or (overflow block) waits
+  for the owner to clear the mark, at most ``BLOCK_WAIT`` seconds (and the caller's timeout), then ``ChannelFull``:
+  the HTTP API's 503 ``CHANNEL_FULL``.
 * ``command(op, topic, channel, timeout)`` sends a COMMAND record (slot, sequence number, op, names) to the topic's
   owner, which carries it out (``Worker.control_command``) and stores (sequence, status) in this slot's reply
   words; the caller waits for them (``LinkSet.wait_reply``: sleeping on the slot's eventfd, which the owner
@@ -42,11 +45,17 @@ from nsqpy.workers.publishing.records import COMMAND, FORWARD, FORWARD_BY_FILE, 
 
 TIMEOUT = -1          # command(): no answer within the timeout (a status of this client, not of an owner)
 WAIT_SLICE = 0.05     # seconds: a publish waiting for room re-checks the owner's state at least this often
+BLOCK_WAIT = 5.0      # seconds a publish waits for a channel at its limit (overflow block) before ChannelFull
 
 
 class PublishFailed(RuntimeError):
     """The owner cannot take the publish (the topic is full, or it cannot store anything now); nothing of it was
     committed. The text is nsqd's E_PUB_FAILED reason."""
+
+
+class ChannelFull(PublishFailed):
+    """A channel of the topic is at its limit (workers/domain/bounds.py): refused (overflow reject) or not drained
+    within BLOCK_WAIT (block). The text starts with CHANNEL_FULL, the HTTP API's error."""
 
 
 class PublishTimeout(RuntimeError):
@@ -89,7 +98,7 @@ class ControlPlane:
         deadline = None if timeout is None else time.monotonic() + timeout
         with self._lock:
             if self.control.topic_full(owner, crc):
-                raise PublishFailed(f"topic {topic} is full")
+                self._refuse_or_wait(owner, crc, topic, deadline)
             payload = pack_forward(np.empty(forward_size(name, lengths), np.uint8), name, src, offsets, lengths,
                                    time.time_ns(), defer_ms)
             rtype = FORWARD
@@ -101,6 +110,25 @@ class ControlPlane:
                 if rtype == FORWARD_BY_FILE:
                     _unlink(bytes(payload).decode())
                 raise
+
+    def _refuse_or_wait(self, owner, crc, topic, deadline):
+        """The topic is marked: raise PublishFailed (its log is full) or ChannelFull (a channel at its limit with
+        overflow reject), or wait while the mark says block, up to BLOCK_WAIT and the deadline (the owner wakes
+        this slot when it clears the mark), then ChannelFull."""
+        limit = time.monotonic() + BLOCK_WAIT
+        if deadline is not None:
+            limit = min(limit, deadline)
+        while self.control.topic_full(owner, crc):
+            why = self.control.refusal(owner, crc, topic)
+            if why is not None:
+                if why.startswith("channel "):
+                    raise ChannelFull(f"CHANNEL_FULL: {why}")
+                raise PublishFailed(why)
+            wait = min(WAIT_SLICE, limit - time.monotonic())
+            if wait <= 0:
+                raise ChannelFull(f"CHANNEL_FULL: a channel of topic {topic} stayed at its limit for "
+                                  f"{BLOCK_WAIT:g} s")
+            self.links.sleep(self.proc, wait, lambda: self.control.topic_full(owner, crc))
 
     def _to_file(self, payload):
         self._files += 1
@@ -129,7 +157,10 @@ class ControlPlane:
                     self.links.wake(owner)
                     return
                 if crc is not None and self.control.topic_full(owner, crc):
-                    raise PublishFailed(f"topic {topic} is full")
+                    why = self.control.refusal(owner, crc, topic)
+                    if why is not None:
+                        raise ChannelFull(f"CHANNEL_FULL: {why}") if why.startswith("channel ") else \
+                            PublishFailed(why)
                 if ring.ctl[C_STALLED] or ring.out_of_pages:  # a real limit (see Worker._retry_parked)
                     raise PublishFailed(f"topic {topic} cannot be stored now: no space" if topic else
                                         f"worker {owner} cannot take records now")

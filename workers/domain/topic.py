@@ -29,6 +29,7 @@ from nsqpy.ipc.msglog_layout import record_size
 from nsqpy.ipc.layout import LayoutError
 from nsqpy.ipc.shm import Segment, SegmentError, segment_name, unlink_name
 from nsqpy.protocol.ids import SEQUENCE_MASK, TWEPOCH, IdGenerator
+from nsqpy.workers.domain import bounds
 from nsqpy.workers.domain.channel import Channel
 from nsqpy.workers.domain.deferred import DeferredNoSpace
 from nsqpy.workers.domain.hosts import TopicHost
@@ -40,6 +41,16 @@ MEM_BYTES_PER_MESSAGE = 1024
 class StorageError(RuntimeError):
     """A topic could not store a publish: no shared memory or disk space, or its segments could not be made.
     The message says why; nothing of the publish was stored."""
+
+
+class ChannelFull(StorageError):
+    """A channel with ``overflow`` reject has no room for the publish (workers/domain/bounds.py); the message names
+    the channel and its limit. Nothing of the publish was stored."""
+
+
+class ChannelBlocked(StorageError):
+    """A channel with ``overflow`` block has no room for the publish now: nothing was stored; the caller parks it
+    and holds its producer until the channel has room (``Topic.limited`` is then None, or the append succeeds)."""
 
 
 def segment_size_for(max_msg_size):
@@ -74,6 +85,8 @@ class Topic:
         self.deleted = False
         self.crc = zlib.crc32(name.encode())
         self.full = worker.control.topic_full(worker.index, self.crc)  # a restarted owner keeps the mark
+        self.bounded = ()      # channels with a max_depth or max_bytes (workers/domain/bounds.py): policy_changed
+        self.limited = None    # the channel mark published for the other workers (bounds.limit_state), or None
         self._open_log(restarted)
 
     # ---- the log ---------------------------------------------------------------------------------------
@@ -166,6 +179,8 @@ class Topic:
         ``acknowledged``: another worker already answered OK for them, so they may use
         the log's overdraft; the topic is then marked full, so that no more are forwarded."""
         n = len(lengths)
+        if self.bounded and not acknowledged:
+            self._admit(n, lengths)
         now = time.time_ns()
         if n == 1:  # a single PUB: no allocation (the log copies the arrays' values)
             ids, timestamps = self._one_id, self._one_ts
@@ -217,7 +232,37 @@ class Topic:
         if self.durable:
             self.worker.appended(self, n)
         self.count_appended(n, lengths)
+        if self.bounded:
+            bounds.trim(self)
+            self.check_limits()
         return True
+
+    # ---- bounded channels (workers/domain/bounds.py) -------------------------------------------------------
+    def _admit(self, n, lengths):
+        refused = bounds.admit(self, n, lengths)
+        if refused is not None:
+            kind, why = refused
+            self.check_limits()
+            raise (ChannelFull if kind == "reject" else ChannelBlocked)(why)
+
+    def policy_changed(self):
+        """Some channel's ``policy`` was set (or a channel came or went): which channels are bounded, trimmed to
+        their new limits, and the mark cleared if no channel is at its limit any more (a mark is only set by a
+        publish, whose worker watches it: ``Forwarder``)."""
+        self.bounded = tuple(ch for ch in self.channels.values() if ch.policy.bounded)
+        if self.bounded:
+            bounds.trim(self)
+        if self.limited is not None:
+            self.check_limits()
+
+    def check_limits(self):
+        """Publish the channel mark the topic should carry now for the other workers (refuse or park its publishes);
+        -> it (None: no channel at its limit)."""
+        state = bounds.limit_state(self) if self.bounded and not self.deleted else None
+        if state != self.limited:
+            self.limited = state
+            self._publish_mark()
+        return state
 
     def count_appended(self, n, lengths):
         """n messages (body lengths ``lengths``) were appended: counters (each channel's too: nsqd counts a
@@ -272,6 +317,7 @@ class Topic:
         ch = self.channels.get(name)
         if ch is None:
             ch = Channel(self, name, self.log.open_channel(), self.worker.next_channel_key())
+            ch.policy = self.worker.channel_policy(self.name, name)  # its effective policy (workers/domain/policy.py)
             ch.message_count = self.log.depth(ch.ch)  # the first channel takes the backlog: put into it now
             try:
                 self.worker.directory.channel_created(self.index, name, ch.ch, ch.key)
@@ -282,6 +328,8 @@ class Topic:
             self.worker.channels_by_key[ch.key] = ch
             self.worker.touched.add(self)
             self.worker.stats.structure_changed(self.name)
+            if ch.policy.bounded or self.bounded:
+                self.policy_changed()
         return ch
 
     def delete_channel(self, name):
@@ -298,6 +346,8 @@ class Topic:
             s.close()
         self.log.close_channel(ch.ch)
         self.worker._record(self.worker.directory.channel_deleted, ch.key)
+        if ch in self.bounded:
+            self.policy_changed()
         if self.ephemeral and not self.channels:
             self.worker.delete_topic(self.name)
 
@@ -323,12 +373,23 @@ class Topic:
             self.worker.touched.add(self)  # the reclaim pass clears the mark once there is room
         if full != self.full:
             self.full = full
-            self.worker.control.set_topic_full(self.worker.index, self.crc, full)
+            self._publish_mark()
+
+    def _publish_mark(self):
+        """The control block's mark of this topic: full (its log), else its channel mark (``limited``), else none."""
+        control, w = self.worker.control, self.worker.index
+        if self.full or self.limited is None:
+            control.set_topic_full(w, self.crc, self.full)
+        else:
+            kind, channel, limit, value = self.limited
+            control.set_topic_mark(w, self.crc, kind, channel, limit, value)
 
     def discard_storage(self):
         """Its messages are saved to disk (a clean stop): free the shared memory, keep the directory entry."""
         self.deleted = True
+        self.limited = None
         self.set_full(False)
+        self._publish_mark()
         self.log.destroy()
         self.ctrl.close()
         self.ctrl.unlink()
@@ -336,7 +397,9 @@ class Topic:
     def destroy(self):
         """Delete the topic: channels, log segments and the control segment."""
         self.deleted = True
+        self.limited = None
         self.set_full(False)
+        self._publish_mark()
         for name in list(self.channels):
             self.delete_channel(name)
         self.log.destroy()

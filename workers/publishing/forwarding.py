@@ -14,6 +14,13 @@ One publish path: ``commit`` decides owner or forward for every publish made in 
 DPUB through ``publish``/``publish_mpub``; the pump's lone PUBs of an iteration through ``publish_staged``), and
 either appends to the topic's log here or commits one FORWARD record to the owner's ring. The compiled forward
 lane (``workers/lane/``) makes the same decision for the lone PUBs it takes.
+
+Bounded channels (``workers/domain/bounds.py``): a topic whose owner marked it for a channel at its limit
+(``Control.mark_kind``) is refused before anything is forwarded (overflow reject: ``E_*_FAILED`` naming the
+channel), or its publish is held back (overflow block: a ``Parked`` publish in ``blocked``, its sessions held,
+retried once the owner clears the mark; the owner wakes every sender then). The owner holds back its own
+topics' publishes the same way when ``Topic.append`` raises ``ChannelBlocked``, and watches each of its topics
+with a channel mark (``watched``) until the channel is below its limit again, then clears the mark.
 Theory of operation: ARCHITECTURE.md, "Message flow" and "Overload slows producers down".
 """
 import os
@@ -35,7 +42,8 @@ from nsqpy.workers.publishing.records import COMMAND, EMPTY_FORWARD, FORWARD, FO
     RUN_MSGS, RUN_NAME, RUN_NAME_LEN, RUN_RECORDS, RUN_WORDS, forward_size, forward_topic, owner_of, pack_forward, \
     plan_forward_runs, set_want_room, unpack_command, unpack_forward, want_room
 from nsqpy.workers.storage.poison import COUNT as SUSPECT_COUNT, FORWARD as FORWARD_SUSPECT, quarantine_file
-from nsqpy.workers.domain.topic import StorageError
+from nsqpy.workers.domain import bounds
+from nsqpy.workers.domain.topic import ChannelBlocked, ChannelFull, StorageError
 
 PARKED_POLL = 0.05             # seconds: parked publishes are retried at least this often (the owner wakes us)
 FORWARD_RETRY = 0.05           # seconds before a forwarded publish the owner could not append is tried again
@@ -79,14 +87,15 @@ class Parked:
     """A forwarded publish waiting for room in the ring to its topic's owner (a copy of its record), and the
     sessions whose OK waits for it: one for a PUB/MPUB/DPUB, every session of a batch of the pump's lone PUBs.
     Each session is held meanwhile (``Session.hold``: it reads nothing more)."""
-    __slots__ = ("rtype", "payload", "topic", "crc", "waiters")
+    __slots__ = ("rtype", "payload", "topic", "crc", "waiters", "lengths")
 
-    def __init__(self, rtype, payload, topic, crc):
+    def __init__(self, rtype, payload, topic, crc, lengths=None):
         self.rtype = rtype
         self.payload = payload
         self.topic = topic
         self.crc = crc
         self.waiters = []  # (session, messages, error class, verb)
+        self.lengths = lengths  # a held-back publish to a topic of ours: its body lengths (the room it needs)
 
     def add(self, s, n=1, error=PubFailed, verb="PUB"):
         self.waiters.append((s, n, error, verb))
@@ -103,6 +112,18 @@ class Parked:
             except OSError:
                 pass
         self.payload = None
+
+
+class Refused:
+    """The pump's lone PUBs to a topic a bounded channel refuses (``publish_staged``): each session gets
+    E_PUB_FAILED with the reason (the pump adds them as it adds a Parked publish's)."""
+    __slots__ = ("why",)
+
+    def __init__(self, why):
+        self.why = why
+
+    def add(self, s, n=1, error=PubFailed, verb="PUB"):
+        s.fail_held(error(f"{verb} failed {self.why}"))
 
 
 class Forwarder:
@@ -151,7 +172,10 @@ class Forwarder:
         self._fwd_batch = None          # (ring data, offsets, lengths, types) of the batch being drained
         self._fwd_files = 0             # large forwarded publishes written (file names)
         self.parked = {}                # owner -> deque of Parked publishes waiting for room in its ring, in order
-        self.parked_count = 0
+        # (owner, topic) -> deque of Parked publishes held back while the topic's channel is at its limit (block)
+        self.blocked = {}
+        self.watched = set()            # topics of ours with a channel mark, cleared once they drain
+        self.parked_count = 0           # publishes parked or held back, plus watched topics: retry_parked has work
         self._parked_poll = None
         self._parked_logged = 0.0
 
@@ -174,7 +198,7 @@ class Forwarder:
             ok = self._commit_to(owner, topic, src, offsets, lengths, defer_ms, False)
         except StorageError as e:
             raise error(f"{verb} failed {e}") from None
-        if not ok:
+        if ok is False:
             raise error(f"{verb} failed topic {topic} is full")
         if ok is True:
             s.count_pub(topic, len(lengths))
@@ -189,6 +213,8 @@ class Forwarder:
         session that flush closes gets no OK (the pump checks its fd's generation)."""
         try:
             return self.commit(topic, buf, offsets, lengths, 0, lone=True)
+        except ChannelFull as e:
+            return Refused(str(e))
         except StorageError:
             return False  # already logged; the pump answers E_PUB_FAILED
 
@@ -210,27 +236,49 @@ class Forwarder:
         now = time.time_ns()
         if owner != self.index:
             return self._forward(owner, topic, src, offsets, lengths, now, defer_ms)
+        if not lone:
+            self.catch_up()
+        t = self.topics.get_topic(topic)
         if lone:
-            t = self.topics.get_topic(topic)
             self.own_path.hint(t)  # the lane may take this topic's next lone PUBs (workers/lane/ownpath.py)
-            ok = t.append(src, offsets, lengths, now)
+        try:
+            if t.bounded and (owner, topic) in self.blocked:
+                raise ChannelBlocked(topic)  # behind the publishes held back before it
+            ok = t.append(src, offsets, lengths, now, defer_ms)
+        except ChannelBlocked:
+            ok = self._hold_back(owner, topic, t.crc, self._packed(topic, src, offsets, lengths, now, defer_ms),
+                                 lengths.copy())
+        finally:
+            if t.limited is not None:
+                self._watch(t)
+        if lone:
             self.deliver_now()
-            return ok
-        self.catch_up()
-        return self.topics.get_topic(topic).append(src, offsets, lengths, now, defer_ms)
+        return ok
+
+    def _packed(self, topic, src, offsets, lengths, now, defer_ms):
+        name = topic.encode()
+        size = forward_size(name, lengths)
+        out = self._pack if size <= self._pack.size else np.empty(size, np.uint8)
+        return pack_forward(out, name, src, offsets, lengths, now, defer_ms)
 
     def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
         """Commit n messages (bodies src[offsets[i]:offsets[i]+lengths[i]]) to the owner's ring as one record.
         -> True when committed; False when the owner marked the topic full (E_PUB_FAILED, as nsqd); a Parked
         publish (holding a copy) when the ring has no room now, or earlier publishes to this owner still wait:
         the caller adds the sessions whose OK waits for it. A full ring is back-pressure, never an error."""
-        name = topic.encode()
-        crc = zlib.crc32(name)
+        crc = zlib.crc32(topic.encode())
         if self.control.topic_full(owner, crc):
-            return False  # the owner could not take the last ones: refuse now, as nsqd would
-        size = forward_size(name, lengths)
-        out = self._pack if size <= self._pack.size else np.empty(size, np.uint8)
-        return self._send_forward(owner, pack_forward(out, name, src, offsets, lengths, now, defer_ms), topic, crc)
+            why = self.control.refusal(owner, crc, topic)
+            if why is not None:  # the owner could not take the last ones: refuse now, as nsqd would
+                if why.startswith("channel "):
+                    raise ChannelFull(why)
+                return False
+            # a channel with overflow block is at its limit: hold the publish back until the owner clears the mark
+            return self._hold_back(owner, topic, crc, self._packed(topic, src, offsets, lengths, now, defer_ms))
+        payload = self._packed(topic, src, offsets, lengths, now, defer_ms)
+        if self.blocked and (owner, topic) in self.blocked:
+            return self._hold_back(owner, topic, crc, payload)  # behind the publishes held back before it
+        return self._send_forward(owner, payload, topic, crc)
 
     def _send_forward(self, owner, payload, topic, crc):
         """Commit one record to the owner's ring at once, or park it behind what already waits for that owner
@@ -259,21 +307,145 @@ class Forwarder:
         self.links.wake(owner)
         return p
 
+    # ---- bounded channels: held-back publishes and watched topics -----------------------------------------
+    def _hold_back(self, owner, topic, crc, payload, lengths=None):
+        """Park a publish (a copy of its FORWARD record) while ``topic``'s channel is at its limit (overflow block),
+        behind what is held back for it already; -> the Parked publish (the caller adds its sessions)."""
+        p = Parked(FORWARD, payload.copy(), topic, crc, lengths)
+        self._queue_blocked(owner, p)
+        if self._parked_poll is None:
+            self._parked_poll = self.loop.call_later(PARKED_POLL, self._poll_parked)
+        return p
+
+    def _watch(self, t):
+        """t (ours) carries a channel mark: watch it until it can be cleared (``_retry_blocked``)."""
+        if t not in self.watched:
+            self.watched.add(t)
+            self.parked_count += 1
+
+    def _retry_blocked(self):
+        """Clear the marks of watched topics that drained (waking every sender), then retry held-back publishes
+        in order per topic: appended here (ours), sent on to the owner's ring once it cleared the mark, or
+        refused when the mark now says so."""
+        for t in list(self.watched):
+            if t.deleted or t.check_limits() is None:
+                self.watched.discard(t)
+                self.parked_count -= 1
+                for proc in self._pub_in_from:
+                    self.links.wake(proc)
+        for key in list(self.blocked):
+            owner, topic = key
+            q = self.blocked[key]
+            while q:
+                p = q[0]
+                answer = None
+                if not p.wanted():
+                    p.drop()
+                elif owner == self.index:
+                    answer = self._append_held(p)
+                    if answer is None:
+                        break
+                elif self.control.topic_full(owner, p.crc):
+                    why = self.control.refusal(owner, p.crc, topic)
+                    if why is None:
+                        break  # still blocked
+                    p.drop()
+                    answer = partial(self._answer_parked, p, why)
+                else:
+                    q.popleft()
+                    self.parked_count -= 1
+                    self._send_parked(owner, p)
+                    continue
+                q.popleft()
+                self.parked_count -= 1
+                if answer is not None:
+                    answer()
+            if not q:
+                del self.blocked[key]
+
+    def _append_held(self, p):
+        """Append a publish held back for a topic of ours -> how to answer it, or None while it still does not fit."""
+        topic, offsets, lengths, ts, defer_ms = unpack_forward(p.payload, self._fwd_off, self._fwd_len)
+        try:
+            t = self.topics.get_topic(topic)
+            try:
+                ok = t.append(p.payload, offsets, lengths, ts, defer_ms)
+            finally:
+                if t.limited is not None:
+                    self._watch(t)
+        except ChannelBlocked:
+            return None
+        except StorageError as e:
+            ok, why = False, str(e)
+        else:
+            why = f"topic {topic} is full"
+        p.drop()
+        return partial(self._answer_parked, p, None if ok else why)
+
+    def _send_parked(self, owner, p):
+        """A held-back publish its owner takes again: into the ring now, or parked behind what waits for room."""
+        ring = self.pub_out[owner]
+        if p.rtype == FORWARD and len(p.payload) > self.large_forward:
+            try:
+                p.payload, p.rtype = self._forward_file(p.payload), FORWARD_BY_FILE
+            except StorageError as e:
+                p.payload = None
+                self._answer_parked(p, str(e))
+                return
+        if owner not in self.parked and ring.send(p.rtype, p.payload):
+            p.payload = None
+            self.links.wake(owner)
+            self._answer_parked(p, None)
+            return
+        q = self.parked.get(owner)
+        if q is None:
+            q = self.parked[owner] = deque()
+            set_want_room(ring.ring.ctl, 1)
+        q.append(p)
+        self.parked_count += 1
+
+    def _blocked_room(self):
+        """Whether ``_retry_blocked`` has something to do now (a watched topic drained, a held-back publish fits)."""
+        for t in self.watched:
+            if t.deleted or bounds.limit_state(t) is None:
+                return True
+        for (owner, topic), q in self.blocked.items():
+            p = q[0]
+            if owner == self.index:
+                t = self.topics.get_topic(topic)
+                refused = bounds.admit(t, len(p.lengths), p.lengths) if t.bounded else None
+                if refused is None or refused[0] == "reject":
+                    return True
+            elif not self.control.topic_full(owner, p.crc) or self.control.refusal(owner, p.crc, topic):
+                return True
+        return False
+
     def retry_parked(self):
         """Commit parked publishes, oldest first for each owner, as far as its ring takes them; answer their
-        sessions (OK, or E_*_FAILED when the owner marked the topic full meanwhile) and let them read again."""
+        sessions (OK, or E_*_FAILED when the owner marked the topic full meanwhile) and let them read again.
+        Held-back publishes and watched topics (bounded channels) first."""
+        if self.watched or self.blocked:
+            self._retry_blocked()
         for owner in list(self.parked):
             q = self.parked[owner]
             ring = self.pub_out[owner]
             sent = False
             while q:
                 p = q[0]
+                why = None
+                if p.wanted() and self.control.topic_full(owner, p.crc):
+                    why = self.control.refusal(owner, p.crc, p.topic)
+                    if why is None or (owner, p.topic) in self.blocked:  # its channel is at its limit (block)
+                        q.popleft()
+                        self.parked_count -= 1
+                        self._queue_blocked(owner, p)  # its channel reached its limit (block) meanwhile
+                        continue
                 if not p.wanted():
                     p.drop()
                     answer = None
-                elif self.control.topic_full(owner, p.crc):
+                elif why is not None:
                     p.drop()
-                    answer = partial(self._answer_parked, p, "is full")
+                    answer = partial(self._answer_parked, p, why)
                 elif ring.send(p.rtype, p.payload):
                     sent = True
                     p.payload = None  # the ring (or the owner, for a file) has it now
@@ -284,7 +456,7 @@ class Forwarder:
                     # (nsqpy.ipc.ring, lazy pages), so this waits on a real limit: fail, as nsqd's publish fails on a
                     # full disk
                     p.drop()
-                    answer = partial(self._answer_parked, p, "cannot be stored now: no space")
+                    answer = partial(self._answer_parked, p, f"topic {p.topic} cannot be stored now: no space")
                 else:
                     break
                 q.popleft()
@@ -297,9 +469,18 @@ class Forwarder:
                 del self.parked[owner]
                 set_want_room(ring.ring.ctl, 0)
 
+    def _queue_blocked(self, owner, p):
+        """p waits, behind what is held back for its topic already, until the topic's channel has room."""
+        q = self.blocked.get((owner, p.topic))
+        if q is None:
+            q = self.blocked[(owner, p.topic)] = deque()
+        q.append(p)
+        self.parked_count += 1
+
     def _answer_parked(self, p, why):
-        """OK (``why`` None: committed) or E_*_FAILED (``why`` the reason) for each session still waiting on a
-        parked publish; then each reads again (``Session.release``). One session's failure stays its own."""
+        """OK (``why`` None: committed) or E_*_FAILED (``why`` the reason after 'PUB failed ') for each session
+        still waiting on a parked publish; then each reads again (``Session.release``). One session's failure
+        stays its own."""
         for s, n, error, verb in p.waiters:
             if s.closed:
                 continue
@@ -308,14 +489,16 @@ class Forwarder:
                     s.count_pub(p.topic, n)
                     s.release()
                 else:
-                    s.fail_held(error(f"{verb} failed topic {p.topic} {why}"))
+                    s.fail_held(error(f"{verb} failed {why}"))
             except Exception:
                 self.log.error(f"worker {self.index}: [{s.remote_text}] failed after its parked publish: "
                                f"{traceback.format_exc().strip()}")
                 s.close()
 
     def parked_room(self):
-        """Whether the first parked publish of some owner fits in its ring now."""
+        """Whether the first parked publish of some owner fits in its ring now (or ``_blocked_room``)."""
+        if (self.watched or self.blocked) and self._blocked_room():
+            return True
         for owner, q in self.parked.items():
             if self.pub_out[owner].ring.can_claim(len(q[0].payload)):
                 return True
@@ -324,14 +507,16 @@ class Forwarder:
     def _poll_parked(self):
         """A safety net while publishes are parked (the owner's wake-up is what normally retries them)."""
         self._parked_poll = None
-        if self.parked_count:
+        if self.parked_count > len(self.watched):  # publishes wait (a watched topic drains by this worker's work)
             self._parked_poll = self.loop.call_later(PARKED_POLL, self._poll_parked)
 
     def drop_parked(self):
-        for q in self.parked.values():
+        for q in list(self.parked.values()) + list(self.blocked.values()):
             for p in q:
                 p.drop()
         self.parked.clear()
+        self.blocked.clear()
+        self.watched.clear()
         self.parked_count = 0
 
     def _forward_file(self, payload):
@@ -400,7 +585,11 @@ class Forwarder:
         topic, offsets, lengths, ts, defer_ms = unpack_forward(payload, self._fwd_off, self._fwd_len)
         if self._crash_on_forwarded:
             self._fault_injection(payload, offsets, lengths)
-        return self.topics.get_topic(topic).append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
+        t = self.topics.get_topic(topic)
+        ok = t.append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
+        if t.limited is not None:
+            self._watch(t)
+        return ok
 
     def _on_command(self, payload):
         """A control command from another process (workers/control/client.py): carry it out (``control_command``),
@@ -500,7 +689,10 @@ class Forwarder:
         if self._crash_on_forwarded:
             self._fault_injection(data, m_offs, m_lens)
         try:
-            ok = self.topics.get_topic(topic).append(data, m_offs, m_lens, m_ts, acknowledged=True)
+            t = self.topics.get_topic(topic)
+            ok = t.append(data, m_offs, m_lens, m_ts, acknowledged=True)
+            if t.limited is not None:
+                self._watch(t)
         except StorageError:
             ok = False
         if not ok:
