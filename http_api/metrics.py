@@ -44,6 +44,40 @@ def _proc(pid: int):
     return (int(fields[11]) + int(fields[12])) / _TICKS, int(fields[21]) * _PAGE
 
 
+# nsqpy's policies (workers/domain/policy.py): only channels that have one (or counted a drop) have these
+_POLICY_COUNTS = (("dead_lettered", "dead_lettered_count", "Messages moved to the dead-letter topic (max attempts "
+                   "or TTL)"),
+                  ("expired", "expired_count", "Messages dropped for their TTL (no dead-letter topic)"),
+                  ("dropped", "dropped_count", "Oldest messages dropped by a full channel (overflow drop_oldest)"))
+_POLICY_VALUES = (("max_attempts", "max_attempts", "The channel's effective max attempts (0: off)"),
+                  ("message_ttl_seconds", "message_ttl_ms", "The channel's effective message TTL (0: off)"),
+                  ("max_depth", "max_depth", "The channel's effective max depth (0: no bound)"),
+                  ("max_bytes", "max_bytes", "The channel's effective max bytes (0: no bound)"))
+
+
+def _policies(topics):
+    with_policy = [(t["topic_name"], c) for t in topics for c in t["channels"] if "dropped_count" in c]
+    for suffix, key, doc in _POLICY_COUNTS:
+        fam = CounterMetricFamily(f"nsqpy_channel_{suffix}", doc, labels=["topic", "channel"])
+        for topic, c in with_policy:
+            fam.add_metric([topic, c["channel_name"]], c[key])
+        yield fam
+    for suffix, key, doc in _POLICY_VALUES:
+        fam = GaugeMetricFamily(f"nsqpy_channel_policy_{suffix}", doc, labels=["topic", "channel"])
+        for topic, c in with_policy:
+            p = c.get("policy")
+            if p:
+                fam.add_metric([topic, c["channel_name"]], p[key] / 1000 if key == "message_ttl_ms" else p[key])
+        yield fam
+    info = GaugeMetricFamily("nsqpy_channel_policy_info", "1 per channel with a policy: its dead-letter topic and "
+                             "overflow", labels=["topic", "channel", "dead_letter_topic", "overflow"])
+    for topic, c in with_policy:
+        p = c.get("policy")
+        if p:
+            info.add_metric([topic, c["channel_name"], p["dead_letter_topic"], p["overflow"]], 1)
+    yield info
+
+
 def _percentiles(d):
     return (d.get("e2e_processing_latency") or {}).get("percentiles") or ()
 
@@ -66,6 +100,7 @@ class _Collector:
                 for c in t["channels"]:
                     fam.add_metric([t["topic_name"], c["channel_name"]], int(c[key]))
             yield fam
+        yield from _policies(topics)
         # --e2e-processing-latency-percentile: nsqd's statsd gauges e2e_processing_latency_<pct>, as a quantile label
         e2e = GaugeMetricFamily("nsq_topic_e2e_processing_latency_seconds",
                                 "End-to-end latency percentiles of the topic's channels merged",

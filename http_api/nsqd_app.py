@@ -50,6 +50,9 @@ class NsqdDeps:
     metrics: Optional[Callable[[], bytes]] = None       # Prometheus exposition of the broker (http_api/metrics.py)
     log: object = None                                  # nsqpy.log.Logger (errors of the handlers)
     https_port: int = -1                                # the HTTPS listener's port (-1: none)
+    # the policy file (workers/storage/policy_file.py's PolicyBook: load, describe, update); None: no
+    # /topic/config and /channel/config (404)
+    policies: object = None
 
 
 class _NsqHeader:
@@ -111,6 +114,8 @@ def create_app(deps: NsqdDeps, asgi: bool = False):
               ("/mpub", R.Mpub(deps))]
     for op in ("create", "delete", "empty", "pause", "unpause"):
         routes += [(f"/topic/{op}", R.TopicCommand(deps, op)), (f"/channel/{op}", R.ChannelCommand(deps, op))]
+    routes += [("/topic/config", R.PolicyConfig(deps, channel=False)),
+               ("/channel/config", R.PolicyConfig(deps, channel=True))]
     routes += [("/config/{opt}", R.Config(deps)), ("/metrics", R.Metrics(deps))]
     for path, resource in routes:
         app.add_route(path, AsyncResource(resource, body_limit) if asgi else resource)

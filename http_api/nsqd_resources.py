@@ -216,6 +216,24 @@ class TopicCommand(_Resource):
         _status(self.deps, f"topic_{self.op}", topic, None)
 
 
+def _channel_names(params, channel=True):
+    """(topic, channel) of a channel route, checked in nsqd's order and with its codes; with ``channel`` False
+    (topic, None) of a topic route, whose bad name is /topic/create's INVALID_TOPIC."""
+    topic = _first(params, "topic")
+    if topic is None:
+        raise ApiError(400, "MISSING_ARG_TOPIC")
+    if not is_valid_name(topic):
+        raise ApiError(400, "INVALID_ARG_TOPIC" if channel else "INVALID_TOPIC")
+    if not channel:
+        return topic, None
+    name = _first(params, "channel")
+    if name is None:
+        raise ApiError(400, "MISSING_ARG_CHANNEL")
+    if not is_valid_name(name):
+        raise ApiError(400, "INVALID_ARG_CHANNEL")
+    return topic, name
+
+
 class ChannelCommand(_Resource):
     """/channel/create|delete|empty|pause|unpause: the topic must exist already, even for create."""
 
@@ -224,17 +242,7 @@ class ChannelCommand(_Resource):
         self.op = op
 
     def on_post(self, req, resp):
-        p = _params(req)
-        topic = _first(p, "topic")
-        if topic is None:
-            raise ApiError(400, "MISSING_ARG_TOPIC")
-        if not is_valid_name(topic):
-            raise ApiError(400, "INVALID_ARG_TOPIC")
-        channel = _first(p, "channel")
-        if channel is None:
-            raise ApiError(400, "MISSING_ARG_CHANNEL")
-        if not is_valid_name(channel):
-            raise ApiError(400, "INVALID_ARG_CHANNEL")
+        topic, channel = _channel_names(_params(req))
         if self.op == "create":
             # the owner's channel_create would create the topic too; nsqd wants it to exist (the stats plane
             # knows: a fresh snapshot includes every command answered before it)
@@ -242,6 +250,56 @@ class ChannelCommand(_Resource):
             if not found:
                 raise ApiError(404, "TOPIC_NOT_FOUND")
         _status(self.deps, f"channel_{self.op}", topic, channel)
+
+
+class PolicyConfig(_Resource):
+    """Beyond NSQ (issue 49): ``GET|POST /topic/config?topic=T`` and ``/channel/config?topic=T&channel=C``, the
+    policies of one topic or channel. POST's body is a JSON object of policy fields (``null`` removes one); the
+    config is stored in the policy file and the topic's owner applies it (``policy_changed``) before the reply.
+    Both answer ``deps.policies.describe``: the effective values (channel < topic < flags) and the configs set.
+
+    A topic or channel that does not exist yet is configured all the same (stored, applied when it is made), so
+    an operator can set a topic's limits before its first publish or a channel's before its first SUB instead of
+    racing them. Names are checked as /channel/create checks them; a bad body is 400 with the field's code
+    (INVALID_BODY, INVALID_FIELD, INVALID_VALUE) and nothing changes. A config stored whose owner did not answer
+    in time is 500 INTERNAL_ERROR: it is in the file, and the owner applies it at its next start."""
+
+    def __init__(self, deps, channel):
+        super().__init__(deps)
+        self.channel = channel
+
+    def _names(self, req):
+        return _channel_names(_params(req), self.channel)
+
+    def _book(self):
+        if self.deps.policies is None:
+            raise ApiError(404, "NOT_FOUND")
+        return self.deps.policies
+
+    def on_get(self, req, resp):
+        topic, channel = self._names(req)
+        book = self._book()
+        book.load()
+        _json(resp, book.describe(topic, channel))
+
+    def on_post(self, req, resp):
+        topic, channel = self._names(req)
+        book = self._book()
+        limit = self.limits.max_msg_size
+        body = _read(req, limit)
+        if len(body) > limit:
+            raise ApiError(413, "BODY_TOO_BIG")
+        try:
+            described = book.update(topic, channel, body, is_valid_name)
+        except OSError as e:
+            if self.deps.log is not None:
+                self.deps.log.error(f"HTTP: the policy file cannot be written: {e}")
+            raise ApiError(500, "INTERNAL_ERROR") from None
+        except ValueError as e:  # policy.PolicyError: the body's field and what is wrong
+            raise ApiError(400, getattr(e, "code", "INVALID_VALUE")) from None
+        if self.deps.command("policy_changed", topic, None) != "OK":
+            raise ApiError(500, "INTERNAL_ERROR")
+        _json(resp, described)
 
 
 class Config(_Resource):

@@ -7,7 +7,7 @@ from __future__ import annotations
 
 import time
 
-__all__ = ["stats_text", "go_duration", "rfc3339", "nanoseconds_to_human"]
+__all__ = ["stats_text", "go_duration", "rfc3339", "nanoseconds_to_human", "policy_line"]
 
 _MEMORY_KEYS = ("heap_objects", "heap_idle_bytes", "heap_in_use_bytes", "heap_released_bytes", "gc_pause_usec_100",
                 "gc_pause_usec_99", "gc_pause_usec_95", "next_gc_bytes", "gc_total_runs")
@@ -77,6 +77,24 @@ def client_line(c: dict, now: float) -> str:
             f"msgs: {c['message_count']:<8} connected: {connected}")
 
 
+def policy_line(c: dict) -> str:
+    """nsqpy's policies of a channel (a line of its own under the channel's, only for a channel that has a policy
+    or counted a drop, so a broker without policies prints nsqd's text): the counters, then the effective values
+    that are on."""
+    line = (f"policy: dead-lettered: {c['dead_lettered_count']:<5} expired: {c['expired_count']:<5} "
+            f"dropped: {c['dropped_count']:<5}")
+    p = c.get("policy")
+    if not p:
+        return line + " (off)"
+    on = [f"max-attempts={p['max_attempts']}" if p["max_attempts"] else "",
+          f"dead-letter={p['dead_letter_topic']}" if p["dead_letter_topic"] else "",
+          f"ttl={go_duration(p['message_ttl_ms'] / 1000)}" if p["message_ttl_ms"] else "",
+          f"max-depth={p['max_depth']}" if p["max_depth"] else "",
+          f"max-bytes={p['max_bytes']}" if p["max_bytes"] else "",
+          f"overflow={p['overflow']}" if p["max_depth"] or p["max_bytes"] else ""]
+    return line + " " + " ".join(x for x in on if x)
+
+
 def stats_text(stats: dict, version_line: str, now: float | None = None) -> str:
     now = time.time() if now is None else now
     start = stats.get("start_time", 0)
@@ -98,6 +116,8 @@ def stats_text(stats: dict, version_line: str, now: float | None = None) -> str:
                        f"inflt: {c['in_flight_count']:<4} def: {c['deferred_count']:<4} "
                        f"re-q: {c['requeue_count']:<5} timeout: {c['timeout_count']:<5} "
                        f"msgs: {c['message_count']:<8} e2e%: {_e2e(c.get('e2e_processing_latency'))}\n")
+            if "dropped_count" in c:
+                out.append(f"          {policy_line(c)}\n")
             out.extend(f"        {client_line(k, now)}\n" for k in c.get("clients") or ())
     producers = stats.get("producers") or []
     if not producers:

@@ -36,6 +36,9 @@ def _by_name(items, key):
     return {i[key]: i for i in items or ()}
 
 
+POLICY_COUNTS = ("dead_lettered_count", "expired_count", "dropped_count")
+
+
 def statsd_lines(stats: dict, last: dict | None, prefix: str, exclude_ephemeral=False, mem=True,
                  last_gc_runs=0) -> list:
     """The lines of one push, from this snapshot and the last one (for the counters' deltas)."""
@@ -74,6 +77,9 @@ def statsd_lines(stats: dict, last: dict | None, prefix: str, exclude_ephemeral=
             count(f"{base}.requeue_count", c["requeue_count"], oc.get("requeue_count", 0))
             count(f"{base}.timeout_count", c["timeout_count"], oc.get("timeout_count", 0))
             gauge(f"{base}.clients", c["client_count"])
+            if "dropped_count" in c:  # nsqpy's policies (only on channels that have one or counted anything)
+                for key in POLICY_COUNTS:
+                    count(f"{base}.{key}", c[key], oc.get(key, 0))
             for item in (c.get("e2e_processing_latency") or {}).get("percentiles") or ():
                 gauge(f"{base}.e2e_processing_latency_{item['quantile'] * 100:.0f}", item.get("value", 0))
     memory = stats.get("memory")

@@ -49,6 +49,8 @@ NSQD_DEFAULTS = [
     ("ring-budget", str(1 << 30)), ("external-producers", "8"), ("max-in-flight-per-worker", str(1 << 17)),
     ("http-workers", "2"), ("http-worker-class", "asgi"), ("producer-placement", "auto"),
     ("producer-move-in-rate", "20000"), ("producer-move-out-rate", "40000"), ("producer-busy-percent", "80"),
+    ("max-attempts", "0"), ("dead-letter-topic-suffix", ".dead"), ("message-ttl", "0s"),  # nsqpy only (issue 49)
+    ("max-channel-depth", "0"), ("max-channel-bytes", "0"), ("channel-overflow", "block"),
 ]
 NSQLOOKUPD_DEFAULTS = [
     ("config", ""), ("version", "false"), ("verbose", "false"), ("log-level", "info"),
@@ -112,7 +114,9 @@ def test_nsqpy_only_options_are_marked_and_documented():
                                               "crash-on-forwarded-body", "ring-budget", "external-producers",
                                               "max-in-flight-per-worker", "http-workers", "http-worker-class",
                                               "producer-placement", "producer-move-in-rate", "producer-move-out-rate",
-                                              "producer-busy-percent", "compile-only", "leftovers",
+                                              "producer-busy-percent", "max-attempts",
+                                              "dead-letter-topic-suffix", "message-ttl", "max-channel-depth",
+                                              "max-channel-bytes", "channel-overflow", "compile-only", "leftovers",
                                               "discard-leftovers"]
     assert all(spec.help.startswith("nsqpy only:") for spec in extras)
 

@@ -82,7 +82,22 @@ def channel_row(raw: dict, topic: str, node: str, hostname: str, now: float | No
             "message_count": int(raw.get("message_count", 0)),
             "client_count": int(raw.get("client_count", len(clients))), "nodes": None,
             "clients": [client_row(c, node, now) for c in clients], "paused": bool(raw.get("paused", False)),
-            "e2e_processing_latency": e2e_row(raw.get("e2e_processing_latency"), topic, name, node)}
+            "e2e_processing_latency": e2e_row(raw.get("e2e_processing_latency"), topic, name, node),
+            **_policy_fields(raw)}
+
+
+# nsqpy's policies (nsqd's /stats has them on a channel that has a policy or counted a drop; Go nsqd never): the
+# counters add up over nodes, and a total shows a node's effective policy
+_POLICY_SUMS = ("dead_lettered_count", "expired_count", "dropped_count")
+
+
+def _policy_fields(raw: dict) -> dict:
+    if "dropped_count" not in raw:
+        return {}
+    out = {key: int(raw.get(key, 0)) for key in _POLICY_SUMS}
+    if raw.get("policy"):
+        out["policy"] = dict(raw["policy"])
+    return out
 
 
 def topic_row(raw: dict, node: str, hostname: str, now: float | None = None) -> dict:
@@ -124,6 +139,11 @@ class ChannelTotal(_Total):
 
     def add(self, part: dict) -> None:
         super().add(part)
+        if "dropped_count" in part:
+            for key in _POLICY_SUMS:
+                self.row[key] = self.row.get(key, 0) + part[key]
+            if "policy" in part and "policy" not in self.row:
+                self.row["policy"] = dict(part["policy"])
         self.row["clients"].extend(part["clients"])
         self.row["clients"].sort(key=lambda c: c["hostname"])
 

@@ -27,6 +27,13 @@ Rows (ROW_WORDS int64 words each; "body" words are written once, "counters" are 
              n quantiles (float64 bits, up to 8 a part)
              only with --e2e-processing-latency-percentile: a channel's from its creation, a topic's while it has
              channels (nsqd's topic without channels shows no percentiles); parts hold quantiles 8 x part onwards
+    POLICY   parent = channel uid, dead-letter topic name            dead_lettered_count, expired_count,
+                                                                 dropped_count, max_attempts, message_ttl_ms,
+                                                                 max_depth, max_bytes, overflow (POLICY_OVERFLOWS
+                                                                 index), on (1: a policy is in effect)
+             nsqpy's policies (issue 49): only for a channel whose policy is not off or that dropped, expired or
+             dead-lettered a message, so a broker without policies has none and /stats shows NSQ's fields only; a
+             new dead-letter name is a new row (names are written once)
 
 A reader joins the rows of all workers: channels to topics by uid, consumers to channels by the channel uid in
 their counters, PUB rows to their clients. Names and identities never change for a uid (uids are never reused),
@@ -65,7 +72,8 @@ from nsqpy.ipc.statrows import (B_PID, B_USER, BODY_WORDS, R_BODY, R_GEN, R_KIND
 from nsqpy.protocol.identify import ServerSettings
 
 __all__ = ["StatsReader", "create_board", "board_name", "table_name", "encode_name", "encode_text", "VERSION",
-           "KIND_TOPIC", "KIND_CHANNEL", "KIND_CLIENT", "KIND_PUB", "KIND_TEXT", "KIND_E2E", "REFRESH_TIMEOUT",
+           "KIND_TOPIC", "KIND_CHANNEL", "KIND_CLIENT", "KIND_PUB", "KIND_TEXT", "KIND_E2E", "KIND_POLICY",
+           "POLICY_OVERFLOWS", "REFRESH_TIMEOUT",
            "STATS_WAKE_SIGNAL", "encode_e2e", "e2e_counters"]
 
 # How a reader that does not hold the Plan's eventfds wakes a sleeping worker: the worker's loop turns it into an
@@ -75,7 +83,10 @@ STATS_WAKE_SIGNAL = signal.SIGURG
 VERSION = next(f.default for f in dataclasses.fields(ServerSettings) if f.name == "version")  # NSQ's, "1.3.0"
 REFRESH_TIMEOUT = 0.5   # seconds a fresh snapshot waits for the workers before it takes their last publication
 
-KIND_TOPIC, KIND_CHANNEL, KIND_CLIENT, KIND_PUB, KIND_TEXT, KIND_E2E = 1, 2, 3, 4, 5, 6
+KIND_TOPIC, KIND_CHANNEL, KIND_CLIENT, KIND_PUB, KIND_TEXT, KIND_E2E, KIND_POLICY = 1, 2, 3, 4, 5, 6, 7
+# a POLICY row's overflow word indexes this (workers/domain/policy.py's OVERFLOWS, a floor above: a test holds them
+# equal)
+POLICY_OVERFLOWS = ("block", "reject", "drop_oldest")
 # body words
 I_PARENT, I_AUX, I_NAME = 0, 1, 2
 NAME_WORDS = 8
@@ -88,6 +99,7 @@ E2E_N_SHIFT = 8
 # counter columns
 T_DEPTH, T_BACKEND, T_MESSAGES, T_BYTES, T_PAUSED = range(5)
 C_DEPTH, C_BACKEND, C_IN_FLIGHT, C_DEFERRED, C_MESSAGES, C_REQUEUES, C_TIMEOUTS, C_PAUSED = range(8)
+P_DEAD, P_EXPIRED, P_DROPPED, P_ATTEMPTS, P_TTL_MS, P_DEPTH, P_BYTES, P_OVERFLOW, P_ON = range(9)
 K_STATE, K_READY, K_IN_FLIGHT, K_MESSAGES, K_FINISHED, K_REQUEUED, K_TEXT_VER, K_TEXT_LEN, K_CHANNEL = range(9)
 # the writers' user words on the board (U_COST_NS, U_WRITTEN: of the last publication that wrote any row)
 U_RSS, U_GC_RUNS, U_COST_NS, U_WRITTEN, U_INFLIGHT, U_INFLIGHT_CAP, U_TABLE_BLOCKED, U_DEFERRED = range(8)
@@ -381,6 +393,12 @@ class StatsReader:
             c_gens = c_gens + _e2e_marks(c_uids, parents, marks)
             t_gens = t_gens + _e2e_marks(t_uids, parents, marks)
 
+        psel = np.flatnonzero(kind == KIND_POLICY)
+        policies = {}
+        if len(psel):  # (only with nsqpy's policies) as E2E rows: a change is folded into the channel's GEN
+            policies, parents, marks = _policy_dicts(rows, psel, counts)
+            c_gens = c_gens + (_e2e_marks(c_uids, parents, marks) << 32)
+
         last = self._last[w]
         if plain and last is not None and last[0] is include_clients and np.array_equal(last[1], t_uids) \
                 and np.array_equal(last[2], c_uids):
@@ -404,6 +422,10 @@ class StatsReader:
                      in zip(c_names, _e2e_of(e2e, c_uids), consumers.tolist(), counts[csel].tolist())]
             for k in np.flatnonzero(consumers).tolist():
                 channels_by_uid[int(c_uids[k])] = chans[k]
+            if policies:
+                for k, uid in enumerate(c_uids.tolist()):
+                    if uid in policies:
+                        chans[k].update(policies[uid])
             topics = [{"topic_name": name, "channels": chans[a:b], "depth": depth, "backend_depth": backend,
                        "message_count": messages, "message_bytes": nbytes, "paused": paused != 0,
                        "e2e_processing_latency": lat}
@@ -423,6 +445,8 @@ class StatsReader:
                 "deferred_count": deferred, "message_count": messages, "requeue_count": requeues,
                 "timeout_count": timeouts, "client_count": n, "clients": [] if n and include_clients else empty,
                 "paused": paused != 0, "e2e_processing_latency": e2e.get(uid, _E2E)}
+            if policies and uid in policies:
+                d.update(policies[uid])
             if n:
                 channels_by_uid[uid] = d
         for k, (depth, backend, messages, nbytes, paused, *_) in zip(t_redo.tolist(), counts[tsel[t_redo]].tolist()):
@@ -553,6 +577,23 @@ def _signal_worker(board, w):
             os.kill(board.word(w, B_PID), STATS_WAKE_SIGNAL)
         except OSError:
             pass  # gone meanwhile, or another user's: the worker's next tick answers
+
+
+def _policy_dicts(rows, psel, counts):
+    """({channel uid: what its POLICY row adds to its /stats dict}, the channels' uids sorted, per channel its
+    row's GEN + 1: as ``_e2e_dicts``' marks)."""
+    out = {}
+    for i, parent, c in zip(psel.tolist(), rows[psel, _PARENT].tolist(), counts[psel].tolist()):
+        d = out[parent] = {"dead_lettered_count": c[P_DEAD], "expired_count": c[P_EXPIRED],
+                           "dropped_count": c[P_DROPPED]}
+        if c[P_ON]:
+            d["policy"] = {"max_attempts": c[P_ATTEMPTS], "dead_letter_topic": _decode_name(rows[i]),
+                           "message_ttl_ms": c[P_TTL_MS], "max_depth": c[P_DEPTH], "max_bytes": c[P_BYTES],
+                           "overflow": POLICY_OVERFLOWS[c[P_OVERFLOW]] if 0 <= c[P_OVERFLOW] < 3 else "block"}
+    parents, inverse = np.unique(rows[psel, _PARENT], return_inverse=True)
+    marks = np.zeros(len(parents), np.int64)
+    np.add.at(marks, inverse, rows[psel, R_GEN] + 1)
+    return out, parents, marks
 
 
 def _e2e_of(e2e, uids):

@@ -17,6 +17,7 @@ from typing import ClassVar
 from .common import DaemonOptions, TLSRequired, TLSVersion, default_node_id, hostname
 from nsqpy.protocol.identify import ServerSettings
 from nsqpy.protocol.limits import NSQ_DEFAULTS as NSQ, Limits, to_ms
+from nsqpy.protocol.names import is_valid_name
 
 from .duration import MILLISECOND, MINUTE, SECOND
 from .kinds import Bool, Choice, Duration, Int, Percentiles, Str, StrList, TLSRequiredKind
@@ -35,6 +36,10 @@ TLS_CLIENT_AUTH_POLICY = Choice(
     {"": "", "require": "require", "require-verify": "require-verify"},
     'must be "", "require" or "require-verify"',
 )
+# The overflow policies of workers/domain/policy.py's OVERFLOWS (that module is a floor above: a test holds the two
+# lists equal).
+CHANNEL_OVERFLOW = Choice({"block": "block", "reject": "reject", "drop_oldest": "drop_oldest"},
+                          "must be block, reject or drop_oldest")
 AUTH_HTTP_REQUEST_METHOD = Choice({"get": "get", "post": "post"}, "must be 'post' or 'get'")
 
 # What nsqpy does not do yet (nsqpy.config.support): refused security features, options without effect.
@@ -246,6 +251,32 @@ class NsqdOptions(DaemonOptions):
                                         "moved there move to the least loaded other worker, however slow, all "
                                         "but the last. With more workers than cores a worker may never reach "
                                         "80: set it lower there", nsqpy_only=True)
+    # Delivery policies (issue 49; workers/domain/policy.py): the defaults of every topic and channel, each
+    # overridden per topic or channel by POST /topic/config and /channel/config. All off by default.
+    max_attempts: int = option(Int(0, 65535), 0, "nsqpy only: default of every channel's max_attempts: a "
+                               "message delivered this many times that is then REQ'd or times out goes to the "
+                               "topic's dead-letter topic (see --dead-letter-topic-suffix) instead of being "
+                               "delivered again, counted as dead_lettered_count (0: off, as NSQ)",
+                               nsqpy_only=True)
+    dead_letter_topic_suffix: str = option(Str(), ".dead", "nsqpy only: a topic's dead-letter topic, unless one "
+                                           "is configured for it, is its name + this suffix; the flags' "
+                                           "defaults do not apply to topics whose name ends with it",
+                                           nsqpy_only=True)
+    message_ttl: int = option(Duration(), 0, "nsqpy only: default message TTL (whole ms): a message older than "
+                              "this since its publish is never delivered again; it goes to the dead-letter topic "
+                              "when one is in effect, else it is dropped and counted as expired_count (0: off)",
+                              nsqpy_only=True)
+    max_channel_depth: int = option(Int(0), 0, "nsqpy only: default most messages waiting in a channel (memory "
+                                    "and disk together); --channel-overflow says what a publish past it does "
+                                    "(0: no bound)", nsqpy_only=True)
+    max_channel_bytes: int = option(Int(0), 0, "nsqpy only: default most bytes of messages waiting in a channel "
+                                    "(memory and disk together); --channel-overflow says what a publish past it "
+                                    "does (0: no bound)", nsqpy_only=True)
+    channel_overflow: str = option(CHANNEL_OVERFLOW, "block", "nsqpy only: what a publish to a channel at its "
+                                   "max depth or bytes does: block (TCP back-pressure on its producers; HTTP "
+                                   "waits a bounded time, then 503), reject (E_PUB_FAILED / HTTP 503 "
+                                   "CHANNEL_FULL) or drop_oldest (the channel's oldest waiting message is "
+                                   "dropped, counted as dropped_count)", nsqpy_only=True)
     compile_only: bool = option(Bool(), False, "nsqpy only: compile the broker's numba kernels into their cache "
                                 "(or find them there) and exit without starting; run it after an install or upgrade, "
                                 "before the service restarts, so that the restart loads them instead of compiling "
@@ -265,6 +296,12 @@ class NsqdOptions(DaemonOptions):
         require(bool(self.tls_cert) == bool(self.tls_key), "-tls-cert and -tls-key must be given together")
         require(self.producer_move_in_rate < self.producer_move_out_rate,
                 "--producer-move-in-rate must be less than --producer-move-out-rate")
+        require(self.message_ttl == 0 or self.message_ttl >= MILLISECOND,
+                "--message-ttl must be 0 (off) or at least 1ms (policies count whole milliseconds)")
+        require(self.dead_letter_topic_suffix != "" and is_valid_name("t" + self.dead_letter_topic_suffix)
+                and not self.dead_letter_topic_suffix.endswith(
+            "#ephemeral"), "--dead-letter-topic-suffix must be a non-empty suffix of a valid topic name "
+            "(letters, digits, '.', '_', '-')")
         require(self.tls_required == TLSRequired.NOT_REQUIRED or bool(self.tls_cert),
                 "cannot require TLS client connections (-tls-required, -tls-client-auth-policy) "
                 "without -tls-cert and -tls-key")

@@ -22,6 +22,7 @@ from nsqpy.protocol.errors import DpubFailed, MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.workers.domain.channel import Channel
 from nsqpy.workers.domain.deferred import DeferredStore, LocalChunks
+from nsqpy.workers.domain.policy import Policy
 from nsqpy.workers.domain.session import MIGRATED, Session
 from nsqpy.workers.publishing.forwarding import Parked
 from nsqpy.workers.publishing.records import FORWARD
@@ -276,6 +277,7 @@ class FakeTopicHost(FakeWorker):
         self.low_water = []     # refresh_low_water calls (lists of topics)
         self.deleted = []       # delete_topic names
         self.synced = []        # appended(topic, n) calls of durable topics
+        self.policies = {}      # (topic, channel) -> the Policy channel_policy gives a new channel
 
     def storage_failed(self, what, exc):
         self.storage_failing = True
@@ -294,6 +296,9 @@ class FakeTopicHost(FakeWorker):
             t.log.reclaim()
             if t.full and t.log.has_room():
                 t.set_full(False)
+
+    def channel_policy(self, topic, channel):
+        return self.policies.get((topic, channel), Policy.OFF)
 
     def delete_topic(self, name):
         self.deleted.append(name)

@@ -14,11 +14,15 @@ the topic's owner worker (``workers/control/client.py`` carries it), which appli
     channel_empty     the channel's queue, in-flight and deferred messages are cleared; consumers stay
     channel_pause     the channel stops delivering; its messages keep piling up
     channel_unpause
+    policy_changed    the topic's or one of its channels' config changed in the policy file (the sender wrote it):
+                      the owner re-reads the file and gives each channel of the topic its effective policy again;
+                      a topic that does not exist is left so (its channels get the config when they are made)
 
 Statuses are small non-negative ints so they fit one shared word of a reply.
 """
 OPS = ("topic_create", "topic_delete", "topic_empty", "topic_pause", "topic_unpause",
-       "channel_create", "channel_delete", "channel_empty", "channel_pause", "channel_unpause")
+       "channel_create", "channel_delete", "channel_empty", "channel_pause", "channel_unpause",
+       "policy_changed")  # new operations go last: a code is its place here
 OP_CODES = {name: i + 1 for i, name in enumerate(OPS)}
 OP_NAMES = {code: name for name, code in OP_CODES.items()}
 

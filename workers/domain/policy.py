@@ -71,14 +71,14 @@ Policy.OFF = Policy()
 
 def flag_defaults(opts):
     """The policy fields nsqd's flags set (``--max-attempts`` ...) as a config dict (only fields that are on)."""
-    out = {}
-    for name, flag in (("max_attempts", "max_attempts"), ("message_ttl_ms", "message_ttl"),
-                       ("max_depth", "max_channel_depth"), ("max_bytes", "max_channel_bytes")):
-        value = getattr(opts, flag, 0) or 0
-        if flag == "message_ttl":
-            value = value // 1_000_000   # a Duration flag is ns; whole ms, truncated as Go's d / time.Millisecond
-        if value:
-            out[name] = int(value)
+    values = {
+        "max_attempts": getattr(opts, "max_attempts", 0) or 0,
+        # a Duration flag is ns; whole ms, truncated as Go's d / time.Millisecond
+        "message_ttl_ms": (getattr(opts, "message_ttl", 0) or 0) // 1_000_000,
+        "max_depth": getattr(opts, "max_channel_depth", 0) or 0,
+        "max_bytes": getattr(opts, "max_channel_bytes", 0) or 0,
+    }
+    out = {name: int(value) for name, value in values.items() if value}
     overflow = getattr(opts, "channel_overflow", "block") or "block"
     if overflow != "block":
         out["overflow"] = overflow

@@ -59,11 +59,12 @@ from nsqpy.ipc.numba_cache import JIT, warm_up_step
 from nsqpy.ipc import msglog_kernels as MK
 from nsqpy.ipc.msglog_layout import C_CURSOR, S_BACKLOG, S_BACKLOG_SEQ, S_HEAD, S_HEAD_SEQ, table_at
 from nsqpy.ipc.statrows import COPY_A, R_BODY, RowWriter
-from nsqpy.broker.stats import (KIND_CHANNEL, KIND_CLIENT, KIND_E2E, KIND_PUB, KIND_TEXT, KIND_TOPIC,
-                                STATS_WAKE_SIGNAL, U_COST_NS, U_DEFERRED, U_GC_RUNS, U_INFLIGHT, U_INFLIGHT_CAP, U_RSS,
+from nsqpy.broker.stats import (KIND_CHANNEL, KIND_CLIENT, KIND_E2E, KIND_POLICY, KIND_PUB, KIND_TEXT, KIND_TOPIC,
+                                POLICY_OVERFLOWS, STATS_WAKE_SIGNAL, U_COST_NS, U_DEFERRED, U_GC_RUNS, U_INFLIGHT, U_INFLIGHT_CAP, U_RSS,
                                 U_TABLE_BLOCKED, U_WRITTEN, e2e_counters, encode_e2e, encode_name, encode_text,
                                 table_name)
 from nsqpy.workers.domain import e2e as E2E
+from nsqpy.workers.domain.policy import Policy
 
 __all__ = ["StatsPublisher", "STATS_WAKE_SIGNAL", "PERIOD", "warm_up"]
 
@@ -72,6 +73,8 @@ REQUEST_GRACE = 0.05    # seconds a fresh request may wait for the forwarding ri
 COST_SHARE = 0.05       # periodic publication takes at most this share of the worker (the period stretches)
 _COPY_AT = COPY_A - R_BODY  # where the counters' first copy starts in a row body
 _PAGE = os.sysconf("SC_PAGE_SIZE")
+_OFF = Policy.OFF
+_OVERFLOW_CODES = {name: i for i, name in enumerate(POLICY_OVERFLOWS)}
 
 
 class _TopicRow:
@@ -89,11 +92,12 @@ class _TopicRow:
 
 
 class _ChannelRow:
-    __slots__ = ("channel", "idx", "uid", "counters", "e2e", "e2e_last")
+    __slots__ = ("channel", "idx", "uid", "counters", "e2e", "e2e_last", "pol", "pol_name", "pol_counters")
 
     def __init__(self, channel, idx, uid, counters):
         self.channel, self.idx, self.uid, self.counters = channel, idx, uid, counters
         self.e2e = self.e2e_last = None
+        self.pol = self.pol_name = self.pol_counters = None   # its POLICY row (nsqpy's policies), when it has one
 
 
 class _ClientRow:
@@ -348,6 +352,9 @@ class StatsPublisher:
             elif counters != cr.counters:
                 rows.update(cr.idx, counters)
                 cr.counters = counters
+            if ch.policy is not _OFF or cr.pol is not None or ch.dead_lettered_count or ch.expired_count \
+                    or ch.dropped_count:
+                self._policy(chans[ch.name], ch)
         if len(chans) != len(channels):
             for cname in [c for c, cr in chans.items() if t.channels.get(c) is not cr.channel or cr.channel.deleted]:
                 self._drop_channel(chans.pop(cname))  # deleted since (or replaced by a new channel of that name)
@@ -392,7 +399,33 @@ class StatsPublisher:
             self.rows.free(idx)
         holder.e2e = holder.e2e_last = None
 
+    # ---- nsqpy's policies -------------------------------------------------------------------------------
+    def _policy(self, cr, ch):
+        """The channel's POLICY row: its effective policy and what it dropped, expired or dead-lettered (none while
+        the policy is off and nothing was counted: a broker without policies writes none)."""
+        p = ch.policy
+        on = p != _OFF
+        counts = (ch.dead_lettered_count, ch.expired_count, ch.dropped_count)
+        if not on and not any(counts):
+            self._policy_free(cr)
+            return
+        counters = counts + (p.max_attempts, p.message_ttl_ms, p.max_depth, p.max_bytes,
+                             _OVERFLOW_CODES.get(p.overflow, 0), int(on))
+        if cr.pol is None or cr.pol_name != p.dead_letter_topic:  # a name is written once: a new one, a new row
+            self._policy_free(cr)
+            cr.pol = self.rows.create(KIND_POLICY, _body(cr.uid, encode_name(p.dead_letter_topic), counters))[0]
+            cr.pol_name = p.dead_letter_topic
+        elif counters != cr.pol_counters:
+            self.rows.update(cr.pol, counters)
+        cr.pol_counters = counters
+
+    def _policy_free(self, cr):
+        if cr.pol is not None:
+            self.rows.free(cr.pol)
+            cr.pol = cr.pol_name = cr.pol_counters = None
+
     def _drop_channel(self, cr):
+        self._policy_free(cr)
         self.rows.free(cr.idx)
         self._e2e_free(cr)
         self.channel_uid.pop(cr.channel, None)

@@ -9,6 +9,11 @@ never rebound, so others may hold them (read only). It is built with what it use
 their rings before a topic goes), ``storage_failed(what, exc)``, and the Topic and Channel classes (tests give
 fakes).
 
+Policies (``workers/domain/policy.py``): ``policies`` is the worker's ``PolicyBook``
+(``workers/storage/policy_file.py``, loaded when the worker starts); every channel gets its effective policy when
+it is made (``Topic.get_channel`` asks ``channel_policy``; ``recover`` sets the recovered ones') and again at a
+``policy_changed`` command (``apply_policies``).
+
 Capacity: a topic that cannot be created (no shared memory, no file descriptor, the journal cannot record it) is
 StorageError, a clear E_PUB_FAILED / E_SUB_FAILED for its client; a topic whose channel slots are all taken
 (``MessageLog.open_channel``) refuses the next channel with E_SUB_FAILED saying so.
@@ -21,6 +26,7 @@ from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.workers.control import commands as CMD
 from nsqpy.workers.publishing.records import owner_of
 from nsqpy.workers.domain.channel import Channel
+from nsqpy.workers.domain.policy import Policy
 from nsqpy.workers.domain.session import MIGRATED
 from nsqpy.workers.domain.topic import StorageError, Topic
 
@@ -43,7 +49,7 @@ class StructureStats(Protocol):
 class TopicTable:
     def __init__(self, host, index: int, workers: int, opts, directory: Directory, stats: StructureStats,
                  catch_up: Callable[[], None], storage_failed: Callable[[str, BaseException], None], log,
-                 topic_class=Topic, channel_class=Channel):
+                 topic_class=Topic, channel_class=Channel, policies=None):
         self.host = host
         self.index = index
         self.workers = workers
@@ -55,6 +61,7 @@ class TopicTable:
         self.log = log
         self.topic_class = topic_class
         self.channel_class = channel_class
+        self.policies = policies  # PolicyBook, or None: every channel's policy is Policy.OFF
         self.topics = {}
         self.topics_by_index = {}
         self.channels_by_key = {}
@@ -105,6 +112,27 @@ class TopicTable:
         except OSError as e:
             self.log.error(f"worker {self.index}: the topic directory could not record a deletion: {e}")
 
+    def channel_policy(self, topic, channel):
+        """The effective policy of a channel (None: of the topic's own queue) from the configs last read."""
+        return Policy.OFF if self.policies is None else self.policies.effective(topic, channel)
+
+    def apply_policies(self, topic, reload=True):
+        """Re-read the policy file (``reload``) and give every channel of ``topic`` its effective policy."""
+        if self.policies is not None and reload:
+            self.policies.load()
+        t = self.topics.get(topic)
+        if t is None:
+            return
+        changed = False
+        for ch in t.channels.values():
+            policy = self.channel_policy(topic, ch.name)
+            if policy != ch.policy:
+                ch.policy = policy
+                changed = True
+                self.log.info(f"CHANNEL({topic}:{ch.name}): policy {_describe(policy)}")
+        if changed:
+            _policies_set(t)
+
     def control_command(self, op, topic, channel=None):
         """Carry out a control command (workers/control/commands.py) for a topic this worker owns; -> a status code.
         Called for commands other processes send through the control plane."""
@@ -114,6 +142,13 @@ class TopicTable:
             return CMD.INVALID
         if owner_of(topic, self.workers) != self.index:
             return CMD.NOT_OWNER
+        if name == "policy_changed":
+            try:
+                self.apply_policies(topic)
+            except OSError as e:
+                self.log.error(f"worker {self.index}: the policy file cannot be read: {e}")
+                return CMD.FAILED
+            return CMD.OK
         try:
             if name == "topic_create":
                 self.get_topic(topic)
@@ -187,9 +222,25 @@ class TopicTable:
             for cd in td["channels"]:
                 ch = self.channel_class(t, cd["name"], cd["ch"], cd["key"])
                 ch.paused = cd["paused"]
+                ch.policy = self.channel_policy(t.name, ch.name)
                 t.channels[ch.name] = ch
                 self.channels_by_key[ch.key] = ch
+            _policies_set(t)
             known = {c.ch for c in t.channels.values()}
             for slot in t.log.open_channels():
                 if slot not in known:  # opened by the dead process just before it could record it
                     t.log.close_channel(slot)
+
+
+def _describe(policy):
+    if policy == Policy.OFF:
+        return "off"
+    return " ".join(f"{k}={v}" for k, v in policy.to_json().items() if v != getattr(Policy.OFF, k))
+
+
+def _policies_set(t):
+    """Tell a topic its channels' policies were set (``Topic.policy_changed``: which channels are bounded); a
+    topic class without the hook (tests' fakes) needs nothing."""
+    hook = getattr(t, "policy_changed", None)
+    if hook is not None:
+        hook()

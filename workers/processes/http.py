@@ -97,6 +97,7 @@ def build_deps(plan, slot, log, level, version_line):
     from nsqpy.broker.stats import StatsReader
     from nsqpy.workers.control import commands as CMD
     from nsqpy.workers.control.client import TIMEOUT, ControlPlane, PublishFailed, PublishTimeout
+    from nsqpy.workers.storage.policy_file import PolicyBook
 
     reader = StatsReader.from_plan(plan)
     cp = ControlPlane(plan, slot)
@@ -135,7 +136,7 @@ def build_deps(plan, slot, log, level, version_line):
                     version_line=version_line, health=lambda: unhealthy_reason(plan), get_lookupd=get_lookupd,
                     set_lookupd=set_lookupd, get_log_level=level.get, set_log_level=level.set,
                     metrics=lambda: broker_metrics(reader, lambda: _extras(plan, reader)), log=log,
-                    https_port=getattr(plan, "https_port", -1))
+                    https_port=getattr(plan, "https_port", -1), policies=PolicyBook(plan.data_path, opts, log))
 
 
 def _extras(plan, reader):

@@ -53,6 +53,7 @@ from nsqpy.workers.lane.ownpath import OwnPath
 from nsqpy.workers.storage.clean_stop import CleanStop
 from nsqpy.workers.lane.pump import AUTO, PLACEMENTS, Pump
 from nsqpy.workers.storage.log_space import LogSpace
+from nsqpy.workers.storage.policy_file import PolicyBook
 from nsqpy.workers.domain.topic import StorageError
 from nsqpy.workers.domain.topics import TopicTable
 from nsqpy.workers.storage.worker_restart import Restart
@@ -142,8 +143,10 @@ class Worker:
 
         # ---- the parts -----------------------------------------------------------------------------------
         self.sync = SyncPolicy(opts, self.loop, self.directory, self.data_path, self.storage_failed)
+        # the policies' configs (workers/storage/policy_file.py): read before any channel is made or recovered
+        self.policies = PolicyBook(self.data_path, opts, log).load()
         self.table = TopicTable(self, index, plan.workers, opts, self.directory, self.stats,
-                                lambda: self.forwarder.catch_up(), self.storage_failed, log)
+                                lambda: self.forwarder.catch_up(), self.storage_failed, log, policies=self.policies)
         self.connections = Connections(self, index, plan.workers, plan.inboxes, self.loop, log, self.control,
                                        self.pump, self.limits, self.placement, self._owner_naps, self.table)
         self.log_space = LogSpace(self.inflight, self.deferred, self.table, log)
@@ -165,6 +168,7 @@ class Worker:
         self.delete_topic = self.table.delete_topic
         self._record = self.table.record
         self.next_channel_key = self.table.next_channel_key
+        self.channel_policy = self.table.channel_policy
         self.subscribe = self.table.subscribe
         self.control_command = self.table.control_command
         self.sessions = self.connections.sessions

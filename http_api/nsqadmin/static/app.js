@@ -281,6 +281,29 @@
     return a.map(function (x) { return "<span class='badge'>" + esc(x) + "</span>"; }).join("");
   }
 
+  // nsqpy's policies (max attempts + dead letter, TTL, bounded channels): only for a channel that has one on some
+  // node or counted a drop (Go nsqd's stats have no such fields, and then nothing is shown)
+  var POLICY_COLS = [["dead_lettered_count", "Dead-Lettered"], ["expired_count", "Expired"], ["dropped_count", "Dropped"]];
+  var POLICY_FIELDS = ["max_attempts", "dead_letter_topic", "message_ttl_ms", "max_depth", "max_bytes", "overflow"];
+
+  function policyText(p) {
+    if (!p) { return "<span class='muted'>off</span>"; }
+    return POLICY_FIELDS.map(function (k) { return esc(k) + "=" + esc(String(p[k])); }).join(" ");
+  }
+
+  function policyTable(doc) {
+    var rows = (doc.nodes || []).filter(function (n) { return n.dropped_count !== undefined; });
+    if (!rows.length && doc.dropped_count === undefined) { return ""; }
+    var body = rows.map(function (n) {
+      return "<tr data-node='" + esc(n.node) + "'><td class='name'>" + esc(n.hostname) + " <span class='muted'>" + esc(n.node) +
+        "</span></td>" + cells(n, POLICY_COLS) + "<td class='name' data-field='policy'>" + policyText(n.policy) + "</td></tr>";
+    }).join("");
+    return "<h3>Policies</h3><table id='channel-policies'><tr><th class='name'>NSQd Host</th>" +
+      POLICY_COLS.map(function (c) { return "<th>" + c[1] + "</th>"; }).join("") + "<th class='name'>Effective Policy</th></tr>" +
+      body + "<tr class='total' data-node='*'><td class='name'>Total</td>" + cells(doc, POLICY_COLS) +
+      "<td class='name' data-field='policy'>" + policyText(doc.policy) + "</td></tr></table>";
+  }
+
   function channelPage(topic, channel) {
     pageEl.innerHTML = "<h2>Topic <a data-nav href='topics/" + esc(enc(topic)) + "'>" + esc(topic) + "</a> / Channel <span id='channel-name'>" +
       esc(channel) + "</span> <span id='channel-state'></span></h2><div id='channel-actions'></div>" +
@@ -330,7 +353,7 @@
           "<table id='channel-nodes'><tr><th class='name'>NSQd Host</th>" +
           CHANNEL_COLS.map(function (c) { return "<th>" + c[1] + "</th>"; }).join("") + "<th>E2E Processing Latency</th></tr>" +
           nodes + "<tr class='total' data-node='*'><td class='name'>Total</td>" + cells(doc, CHANNEL_COLS) + "<td>" +
-          e2eCells(doc.e2e_processing_latency) + "</td></tr></table>" +
+          e2eCells(doc.e2e_processing_latency) + "</td></tr></table>" + policyTable(doc) +
           "<h3>Client Connections</h3>" + (clients ? "<table id='channel-clients'><tr><th class='name'>Client Host</th>" +
           "<th class='name'>User-Agent</th><th class='name'>Attributes</th><th class='name'>NSQd Host</th><th>In-Flight</th>" +
           "<th>Ready Count</th><th>Finished</th><th>Requeued</th><th>Messages</th><th>Connected</th></tr>" + clients + "</table>" :
