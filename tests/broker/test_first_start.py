@@ -62,7 +62,13 @@ def test_no_kernel_compiles_after_listening(nsqd_factory, tmp_path, monkeypatch)
     monkeypatch.setenv("XDG_CACHE_HOME", str(cache_home))
     monkeypatch.delenv("NUMBA_CACHE_DIR", raising=False)
     nsqd = nsqd_factory("--log-level=debug")  # each worker says when it switches the lane on
-    assert "compiling the broker's kernels" in nsqd.output()  # a first start says so
+    out = nsqd.output()
+    assert "compiling the broker's kernels" in out and "`nsqd --compile-only`" in out  # a first start says so
+    from nsqpy.workers.lane import warmup
+    waited = [f for f in warmup.declared() if f not in warmup.DEFERRED]  # the steps nsqd listens after
+    progress = re.findall(r"INFO: compiled (\d+)/(\d+): (\S+) ", out[:out.index("TCP: listening on")])
+    assert [(int(k), int(n)) for k, n, _ in progress] == [(k, len(waited)) for k in range(1, len(waited) + 1)]
+    assert sorted(name for _, _, name in progress) == sorted(warmup.step_name(f) for f in waited)
     compiler = int(nsqd.wait_for_line(r"compiling the forward lane in the background \(pid (\d+)\)").group(1))
     os.kill(compiler, signal.SIGSTOP)
     try:

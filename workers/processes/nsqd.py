@@ -193,6 +193,9 @@ def _prepare(plan, log, listeners):
         raise StartError(str(e)) from None
     if not cache_is_cold():
         listeners.listen()
+    else:
+        log.info("a first start compiles the kernels before it listens; `nsqd --compile-only` right after an install "
+                 "or upgrade does it ahead of time")
     try:
         t0 = time.monotonic()
         plan.background = warm_up(plan.prefix, log)  # a first start: the forward lane compiles meanwhile
