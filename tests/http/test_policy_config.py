@@ -10,6 +10,7 @@ import threading
 
 import pytest
 
+from nsqpy.protocol import client as C
 from tests.broker.namespaces import kill_workers
 from tests.broker.wire import consumer, unique
 from tests.http.conftest import Http, request
@@ -23,6 +24,12 @@ NSQ_TOPIC_KEYS = {"topic_name", "channels", "depth", "backend_depth", "message_c
 POLICY_KEYS = {"dead_lettered_count", "expired_count", "dropped_count", "policy"}
 OFF = {"max_attempts": 0, "dead_letter_topic": "", "message_ttl_ms": 0, "max_depth": 0, "max_bytes": 0,
        "overflow": "block"}
+
+
+def no_errors(n):
+    """The broker logged no ERROR (a stats publication that raised is retried, so only its line tells)."""
+    errors = [line for line in n.output().splitlines() if "ERROR" in line]
+    assert not errors, errors
 
 
 def call(api, method, path, doc=None):
@@ -184,6 +191,7 @@ def test_the_owner_applies_configs_to_its_channels(api, broker):
     # and a consumer's channel (made by SUB) gets its policy too
     with consumer(broker.address, t, "sub", rdy=1):
         assert channel_stats(api, t, "sub")["policy"]["max_attempts"] == 7
+    no_errors(broker)
 
 
 def test_stats_text_and_metrics_show_policies(api):
@@ -231,6 +239,7 @@ def test_without_policies_stats_are_nsqs(module_nsqd_factory):
         status, _, metrics = request(api, "GET", "/metrics")
         assert not [ln for ln in metrics.decode().splitlines() if ln.startswith("nsqpy_channel") and t in ln]
         assert ok(api, "GET", f"/channel/config?topic={t}&channel=c")["effective"] == OFF
+    no_errors(n)
 
 
 def test_policies_survive_restart_and_crashes(nsqd_factory):
@@ -263,3 +272,34 @@ def test_policies_survive_restart_and_crashes(nsqd_factory):
     n = nsqd_factory(data=n.data_path)
     api = n.http_address
     assert channel_stats(api, t, "c")["policy"] == want
+
+
+def test_counters_reach_every_surface(api, broker):
+    """What the policies did (engineer B's dead letters, C's drop_oldest) shows in /stats JSON and text and in
+    /metrics: a message REQ'd at its max attempts is dead-lettered; a channel over its max depth drops its
+    oldest."""
+    t = unique("cnt")
+    ok(api, "POST", f"/channel/config?topic={t}&channel=dl", {"max_attempts": 1})
+    ok(api, "POST", f"/channel/config?topic={t}&channel=drop", {"max_depth": 2, "overflow": "drop_oldest"})
+    create_channel(api, t, "dl")
+    create_channel(api, t, "drop")
+    with consumer(broker.address, t, "dl", rdy=1) as c:
+        for body in (b"m1", b"m2", b"m3"):
+            status, _, data = request(api, "POST", f"/pub?topic={t}", body)
+            assert status == 200, data
+        m = c.read_message()
+        c.send(C.req(m.id, 0))   # its first delivery was its last: dead-lettered, not delivered again
+        for _ in range(2):       # the others are finished (one left in flight would be dead-lettered at the close)
+            c.send(C.fin(c.read_message().id))
+        wait_until(lambda: (lambda c: (c["dead_lettered_count"], c["in_flight_count"], c["depth"]) == (1, 0, 0))(
+            channel_stats(api, t, "dl")), what="the dead letter counted, the others finished")
+    drop = channel_stats(api, t, "drop")
+    assert (drop["depth"], drop["dropped_count"]) == (2, 1)
+    dead = ok(api, "GET", f"/stats?format=json&topic={t}.dead")["topics"]
+    assert dead and dead[0]["message_count"] == 1
+    status, _, text = request(api, "GET", f"/stats?topic={t}")
+    assert "policy: dead-lettered: 1 " in " ".join(text.decode().split()) + " "
+    status, _, metrics = request(api, "GET", "/metrics")
+    m = metrics.decode()
+    assert f'nsqpy_channel_dead_lettered_total{{channel="dl",topic="{t}"}} 1.0' in m
+    assert f'nsqpy_channel_dropped_total{{channel="drop",topic="{t}"}} 1.0' in m

@@ -347,14 +347,14 @@ class StatsPublisher:
                 cr = None
             if cr is None:
                 idx, uid = rows.create(KIND_CHANNEL, _body(tr.uid, encode_name(ch.name), counters))
-                chans[ch.name] = _ChannelRow(ch, idx, uid, counters)
+                cr = chans[ch.name] = _ChannelRow(ch, idx, uid, counters)
                 self.channel_uid[ch] = uid
             elif counters != cr.counters:
                 rows.update(cr.idx, counters)
                 cr.counters = counters
             if ch.policy is not _OFF or cr.pol is not None or ch.dead_lettered_count or ch.expired_count \
                     or ch.dropped_count:
-                self._policy(chans[ch.name], ch)
+                self._policy(cr, ch)
         if len(chans) != len(channels):
             for cname in [c for c, cr in chans.items() if t.channels.get(c) is not cr.channel or cr.channel.deleted]:
                 self._drop_channel(chans.pop(cname))  # deleted since (or replaced by a new channel of that name)
