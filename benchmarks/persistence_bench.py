@@ -32,7 +32,7 @@ import time
 from benchmarks.common import emit, environment, log
 from benchmarks.process import LISTENING, REPO, run_tool
 from nsqpy.protocol import client as C
-from benchmarks.wire import Connection, MessageStream, fin_lines, warm_up
+from benchmarks.wire import Connection, MessageStream, fin_lines, mpub_pipelined, warm_up
 
 TOPIC, CHANNEL = "persist_bench", "ch"
 
@@ -77,19 +77,7 @@ def publish(address, n, size, connections):
 
     def one(count):
         conn = Connection(address)
-        batch = C.mpub(TOPIC, [body] * 200)
-        sent = 0
-        window = 0
-        while sent < count:
-            k = min(200, count - sent)
-            conn.send(batch if k == 200 else C.mpub(TOPIC, [body] * k))
-            sent += k
-            window += 1
-            if window == 32:          # pipelined: at most 32 MPUBs waiting for their OK
-                conn.expect_ok("MPUB")
-                window -= 1
-        for _ in range(window):
-            conn.expect_ok("MPUB")
+        mpub_pipelined(conn, TOPIC, count, body)  # at most 32 MPUBs waiting for their OK
         conn.sock.close()
 
     threads = [threading.Thread(target=one, args=(per + (n % connections if i == 0 else 0),))

@@ -19,6 +19,8 @@ from benchmarks.common import BenchError
 USER_AGENT = "nsqpy-bench/0.1"
 RECV_SIZE = 1 << 18
 _FIN_PREFIX = np.frombuffer(b"FIN ", dtype=np.uint8)
+_REQ_PREFIX = np.frombuffer(b"REQ ", dtype=np.uint8)
+_REQ_SUFFIX = np.frombuffer(b" 0\n", dtype=np.uint8)
 _ID_SPAN = np.arange(16, dtype=np.int64)
 
 
@@ -94,6 +96,31 @@ def fin_lines(buffer: np.ndarray, body_offsets: np.ndarray) -> bytes:
     lines[:, 4:20] = buffer[(body_offsets - 16)[:, None] + _ID_SPAN]
     lines[:, 20] = 10
     return lines.tobytes()
+
+
+def req_lines(buffer: np.ndarray, body_offsets: np.ndarray) -> bytes:
+    """`REQ <id> 0\n` for every message of a decoded batch (``fin_lines``' REQ form)."""
+    lines = np.empty((len(body_offsets), 23), dtype=np.uint8)
+    lines[:, :4] = _REQ_PREFIX
+    lines[:, 4:20] = buffer[(body_offsets - 16)[:, None] + _ID_SPAN]
+    lines[:, 20:] = _REQ_SUFFIX
+    return lines.tobytes()
+
+
+def mpub_pipelined(conn: Connection, topic: str, count: int, body: bytes, window: int = 32) -> None:
+    """Publish `count` copies of body as MPUBs of 200, at most `window` of them waiting for their OK."""
+    batch = client.mpub(topic, [body] * 200)
+    sent = waiting = 0
+    while sent < count:
+        k = min(200, count - sent)
+        conn.send(batch if k == 200 else client.mpub(topic, [body] * k))
+        sent += k
+        waiting += 1
+        if waiting == window:
+            conn.expect_ok("MPUB")
+            waiting -= 1
+    for _ in range(waiting):
+        conn.expect_ok("MPUB")
 
 
 def warm_up() -> None:

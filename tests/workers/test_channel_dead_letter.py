@@ -39,9 +39,13 @@ def held(worker, s):
     return [(x, id_to_hex(t.slot(x).msg_id)) for x in t.iter_conn(s.conn_id).tolist()]
 
 
-def req_all(ch, s, timeout_ms=0):
+def req_all(ch, s, timeout_ms=0, then_pass=True):
+    """REQ every message in flight at s, then the channel's pass the worker runs after a read's commands (the
+    REQs asked for one): dead letters of the REQs go out there, as one publish."""
     for _, msg_id in held(ch.worker, s):
         ch.requeue(s, msg_id, timeout_ms)
+    if then_pass:
+        ch.deliver()
 
 
 def letters(worker):
@@ -96,6 +100,17 @@ def test_the_nth_delivery_requeued_is_dead_lettered_once_and_its_slot_freed(setu
     assert s.attempts == [1, 2, 3] and ch.depth() == 0  # nothing comes back
 
 
+def test_the_reqs_of_one_read_make_one_dead_letter_publish(setup):
+    worker, log, ch = setup(capacity=16)
+    ch.policy = Policy(max_attempts=1, dead_letter_topic=DEAD)
+    publish(log, [b"m%d" % i for i in range(5)])
+    s = consumer(ch)
+    drain(ch)
+    req_all(ch, s)
+    assert len(worker.dead_letters) == 1 and sorted(b for _, _, b in letters(worker)) == [b"m%d" % i for i in range(5)]
+    assert ch.dead_lettered_count == 5 and len(worker.inflight) == 0
+
+
 def test_a_deferred_req_at_max_attempts_is_dead_lettered_too(setup):
     worker, log, ch = setup(capacity=16)
     ch.policy = Policy(max_attempts=2, dead_letter_topic=DEAD)
@@ -121,6 +136,7 @@ def test_a_timeout_at_max_attempts_is_dead_lettered(setup):
     drain(ch)
     [(slot, _)] = held(worker, s)
     ch.on_expired(slot, worker.inflight.slot(slot), s)  # what the scanner's EXPIRED does
+    ch.deliver()  # the pass it asked for
     [(_, header, body)] = letters(worker)
     assert header["attempts"] == 1 and body == b"slow"
     assert ch.timeout_count == 1 and s.in_flight == 0 and len(worker.inflight) == 0
@@ -139,6 +155,7 @@ def test_a_consumer_gone_with_messages_in_flight_dead_letters_those_at_max_attem
     drain(ch)  # "once" (attempt 1), then "twice" again (attempt 2: a requeued message waits behind the log's)
     assert s.received == [b"twice", b"once", b"twice"] and s.attempts == [1, 1, 2] and s.in_flight == 2
     ch.remove_consumer(s)
+    ch.deliver()  # the pass it asked for
     [(_, header, body)] = letters(worker)
     assert body == b"twice" and header["attempts"] == 2
     s2 = consumer(ch, conn=2)
@@ -150,10 +167,10 @@ def test_no_policy_means_nsq_behaviour_requeued_for_ever(setup):
     worker, log, ch = setup(capacity=16)
     publish(log, [b"m"])
     s = consumer(ch)
+    drain(ch)
     for _ in range(6):
-        drain(ch)
-        req_all(ch, s)
-    assert worker.dead_letters == [] and s.attempts == [1, 2, 3, 4, 5, 6]
+        req_all(ch, s)  # (and delivered again)
+    assert worker.dead_letters == [] and s.attempts == [1, 2, 3, 4, 5, 6, 7]
     assert ch.dead_lettered_count == ch.expired_count == 0 and ch.requeue_count == 6
 
 
@@ -193,7 +210,7 @@ def test_a_requeued_message_past_its_ttl_is_not_delivered_again(setup):
     publish_at(log, [b"m"], time.time_ns() - 10 * SECOND)
     s = consumer(ch)
     drain(ch)  # no policy yet: delivered
-    req_all(ch, s)
+    req_all(ch, s, then_pass=False)
     ch.policy = Policy(message_ttl_ms=1000, dead_letter_topic=DEAD)  # (its config changed meanwhile)
     drain(ch)
     assert s.attempts == [1]

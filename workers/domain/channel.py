@@ -98,6 +98,8 @@ class Channel:
         self.doomed = collections.deque()     # (held slot, reason): to dead-letter (after a crash, or a refusal)
         self._doomed_at = 0.0                 # time.monotonic() before which ``doomed`` is not tried again
         self._expiring = []                   # held slots of this round's expired messages (dead-lettered after it)
+        self._dying = []                      # held slots over max_attempts (their REQ, timeout, disconnect), marked:
+                                              # dead-lettered as one publish at the channel's next pass
         self._refused_logged = {}             # why a dead-letter publish was refused -> when it was last logged
         self.deleted = False
         self.blocked = False    # the last delivery pass found the in-flight table full
@@ -155,6 +157,8 @@ class Channel:
     def deliver(self):
         """One delivery pass over the consumers, starting with the one whose turn it is; True when more could be
         delivered right away."""
+        if self._dying:
+            self._dead_letter_dying()
         if self.doomed and time.monotonic() >= self._doomed_at:
             self._dead_letter_doomed()
         if not self.delivering():
@@ -528,9 +532,9 @@ class Channel:
         slot = self._lookup(s, msg_id, "REQ", ReqFailed)
         table = self.worker.inflight
         self.worker.timer_leave_one(slot)
-        if self.policy.max_attempts and self._over_attempts(table.slot(slot).attempts):
+        if self.policy.max_attempts and self._over_attempts(DL.attempts_of(table, slot)):
             table.requeue(slot, 0)  # held for its dead letter; the REQ is answered as nsqd does (nothing)
-            self._dead_letter([slot], DL.MAX_ATTEMPTS)  # (the channel counts it in dead_lettered_count)
+            self._doom((slot,))  # (the channel counts it in dead_lettered_count)
         else:
             self.requeue_count += 1
             if timeout_ms <= 0:
@@ -583,8 +587,7 @@ class Channel:
                     self.wants_delivery()
             self.worker.inflight.requeue(slot, 0)
             if self.policy.max_attempts and self._over_attempts(info.attempts):
-                self._dead_letter([slot], DL.MAX_ATTEMPTS)
-                self.wants_delivery()
+                self._doom((slot,))
                 return
         self.put_back((slot,))
         self.wants_delivery()
@@ -598,10 +601,10 @@ class Channel:
             table.requeue(slot, 0)
         back = mine
         if mine and self.policy.max_attempts:  # nsqd would time them out: over the attempts, they are dead
-            dead = [x for x in mine if self._over_attempts(table.slot(x).attempts)]
+            dead = [x for x in mine if self._over_attempts(DL.attempts_of(table, x))]
             if dead:
                 back = [x for x in mine if x not in set(dead)]
-                self._dead_letter(dead, DL.MAX_ATTEMPTS)
+                self._doom(dead)
         self.put_back(back)
         if mine:
             self.worker.timer_leave(np.array(mine, np.int64))
@@ -636,6 +639,7 @@ class Channel:
         self.due.clear()
         self.doomed.clear()
         self._expiring = []
+        self._dying = []
         self.worker.deferred.drop_channel(self.key)
         for s in self.consumers:
             s.in_flight = 0
@@ -656,6 +660,20 @@ class Channel:
         self.doomed.append((slot, reason))
         self.wants_delivery()
         return True
+
+    def _doom(self, slots):
+        """Held slots (REQUEUED, in no queue) over max_attempts: marked now (a crash from here on sends them to the
+        dead-letter topic, never to a consumer), published together at the channel's next pass (the REQs of one
+        read of a connection make one publish)."""
+        table = self.worker.inflight
+        for slot in slots:
+            DL.mark(table, slot, DL.MAX_ATTEMPTS)
+        self._dying.extend(slots)
+        self.wants_delivery()
+
+    def _dead_letter_dying(self):
+        slots, self._dying = self._dying, []
+        self._dead_letter(slots, DL.MAX_ATTEMPTS)
 
     def _dead_letter_expiring(self):
         slots, self._expiring = self._expiring, []
@@ -685,9 +703,8 @@ class Channel:
                 self.put_back(slots)
                 self.wants_delivery()
             return
-        infos = [table.slot(x) for x in slots]
         marks = [DL.mark(table, x, reason) for x in slots]
-        src, offsets, lengths = DL.pack(self.topic.name, self.name, self.topic.log, infos, reason)
+        src, offsets, lengths = DL.pack(self.topic.name, self.name, self.topic.log, table, slots, reason)
         done = w.dead_letter(dead, src, offsets, lengths)
         if done is True:
             self._dead_lettered(slots, marks, reason)

@@ -18,6 +18,7 @@ import numpy as np
 
 from nsqpy.ipc import inflight as IF
 from nsqpy.protocol.dead_letter import MAX_ATTEMPTS, TTL, decode, encode, encode_header  # noqa: F401 (re-exported)
+from nsqpy.workers.lane.kernels import generations
 
 _CODE = {MAX_ATTEMPTS: 1, TTL: 2}
 _REASON = {1: MAX_ATTEMPTS, 2: TTL}
@@ -25,23 +26,34 @@ S_MARK = IF.S_HASH + 1   # the in-flight slot's spare word (ipc/inflight.py's la
 
 
 # ---- the publish ----------------------------------------------------------------------------------------------
-def pack(topic, channel, log, infos, reason):
-    """The dead letters of the held messages ``infos`` (``SlotInfo``s of one channel's slots) as one publish ->
-    (src, offsets, lengths) for ``Forwarder.commit``."""
-    recs = log.records_at(np.fromiter((i.log_pos for i in infos), np.int64, len(infos)))
-    stamps = recs.timestamps[:len(infos)].tolist()
-    parts = [encode_header(topic, channel, info.msg_id, info.attempts, ts, reason) + log.body(info.log_pos)
-             for info, ts in zip(infos, stamps)]
+def pack(topic, channel, log, table, slots, reason):
+    """The dead letters of the messages held in ``slots`` (one channel's) as one publish -> (src, offsets,
+    lengths) for ``Forwarder.commit``. The header is ``encode_header``'s, built from a per-publish prefix."""
+    which = np.asarray(slots, np.int64)
+    _, pos, att = generations(table, which)
+    ids = table.slots[which * IF.SLOT_WORDS + IF.S_MSG_ID].view(np.uint64).tolist()
+    stamps = log.records_at(pos).timestamps[:len(which)].tolist()
+    head = encode_header(topic, channel, 0, 0, 0, reason)
+    prefix = head[:head.index(b'"id":"') + 6].decode()
+    parts = [f'{prefix}{msg_id:016x}","attempts":{a},"timestamp":{ts},"reason":"{reason}"}}\n'.encode() + log.body(p)
+             for msg_id, a, ts, p in zip(ids, att.tolist(), stamps, pos.tolist())]
     lengths = np.fromiter((len(p) for p in parts), np.int64, len(parts))
     offsets = np.zeros(len(parts), np.int64)
     np.cumsum(lengths[:-1], out=offsets[1:])
     return np.frombuffer(b"".join(parts), np.uint8), offsets, lengths
 
 
+def attempts_of(table, slot):
+    """A live slot's attempts (its current half's ATTEMPTS word), without building a ``SlotInfo``."""
+    b = slot * IF.SLOT_WORDS
+    tag = int(table.slots[b + IF.S_TAG])
+    return int(table.slots[b + IF.S_HALF0 + ((tag >> 2) & 1) * IF.HALF_WORDS + IF.F_ATTEMPTS])
+
+
 # ---- the marks -----------------------------------------------------------------------------------------------
 def mark(table, slot, reason):
     """Mark a held slot as being dead-lettered (one store of its spare word) -> the mark (``still_marked``)."""
-    value = table.generation(slot) << 2 | _CODE[reason]
+    value = (int(table.slots[slot * IF.SLOT_WORDS + IF.S_TAG]) >> 3) << 2 | _CODE[reason]
     table.slots[slot * IF.SLOT_WORDS + S_MARK] = value
     return value
 
@@ -50,22 +62,28 @@ def unmark(table, slot):
     table.slots[slot * IF.SLOT_WORDS + S_MARK] = 0
 
 
+def _live_mark(table, slot):
+    """(mark word, generation) of a live slot; (0, -1) for a free or unreserved one."""
+    if slot >= table.reserved:
+        return 0, -1
+    b = slot * IF.SLOT_WORDS
+    tag = int(table.slots[b + IF.S_TAG])
+    if tag & 3 == IF.FREE:
+        return 0, -1
+    return int(table.slots[b + S_MARK]), tag >> 3
+
+
 def still_marked(table, slot, value):
     """The slot still holds the message marked with ``value`` (not released, reused or emptied since)."""
-    return slot < table.reserved and int(table.slots[slot * IF.SLOT_WORDS + S_MARK]) == value and \
-        table.generation(slot) == value >> 2 and table.slot(slot).state != IF.FREE
+    word, gen = _live_mark(table, slot)
+    return word == value and gen == value >> 2
 
 
 def marked(table, slot):
     """The reason a live slot was marked with and the mark still holds (a recovering worker dead-letters it
     again), else None."""
-    if slot >= table.reserved:
-        return None
-    value = int(table.slots[slot * IF.SLOT_WORDS + S_MARK])
-    reason = _REASON.get(value & 3)
-    if reason is None or value >> 2 != table.generation(slot) or table.slot(slot).state == IF.FREE:
-        return None
-    return reason
+    word, gen = _live_mark(table, slot)
+    return _REASON.get(word & 3) if word and word >> 2 == gen else None
 
 
 # ---- a parked dead-letter publish ----------------------------------------------------------------------------
