@@ -17,7 +17,11 @@ from nsqpy.config.nsqd import CHANNEL_OVERFLOW
 from nsqpy.protocol.names import is_valid_name
 from nsqpy.workers.domain.policy import (DEFAULT_SUFFIX, FIELDS, OVERFLOWS, Policy, PolicyError, flag_defaults, merge,
                                          parse_config, resolve, suffix_of)
+from nsqpy.workers.control import commands as CMD
+from nsqpy.workers.domain.topics import TopicTable
 from nsqpy.workers.storage.policy_file import FILE_NAME, PolicyBook
+from tests.workers.worker_fakes import (FailureReports, FakeLog, RecordingJournal, RecordingStats, TableChannel,
+                                        TableHost, TableTopic, topic_owned_by)
 
 MS = 1_000_000
 
@@ -198,3 +202,91 @@ def test_book_concurrent_writers_lose_nothing(tmp_path):
     writers = procs * threads
     assert book.topics == {f"p{w}": {"max_attempts": n} for w in range(writers)}
     assert book.channels == {f"p{w}": {f"c{i}": {"max_depth": i + 1} for i in range(n)} for w in range(writers)}
+
+
+# ---- the owner: TopicTable with a PolicyBook (fakes of the topic and its host, tests/workers/worker_fakes.py) ----
+class PolicyChannel(TableChannel):
+    policy = Policy.OFF
+
+
+class PolicyTopic(TableTopic):
+    """A TableTopic whose channels get their policy as Topic.get_channel gives it, and that counts the
+    policy_changed hook's calls."""
+
+    def __init__(self, *args, **kw):
+        super().__init__(*args, **kw)
+        self.hooked = 0
+
+    def get_channel(self, name):
+        ch = self.channels.get(name)
+        if ch is None:
+            ch = PolicyChannel(self, name, self.log.open_channel(), self.host.next_channel_key())
+            ch.policy = self.host.table.channel_policy(self.name, name)
+            self.channels[name] = ch
+            self.host.channels_by_key[ch.key] = ch
+        return ch
+
+    def policy_changed(self):
+        self.hooked += 1
+
+
+def _table(tmp_path, **flags):
+    host, log = TableHost(), FakeLog()
+    book = _book(tmp_path, **flags).load()
+    opts = SimpleNamespace(max_channel_consumers=0)
+    table = TopicTable(host, 0, 2, opts, RecordingJournal(), RecordingStats(), lambda: None, FailureReports(), log,
+                       topic_class=PolicyTopic, channel_class=PolicyChannel, policies=book)
+    host.table = table
+    return table, log
+
+
+def test_the_owner_gives_channels_their_policy_and_changes_it_on_command(tmp_path):
+    ours = topic_owned_by(0)
+    table, log = _table(tmp_path, max_attempts=2)
+    writer = _book(tmp_path)   # the HTTP API's book: the same file
+    ch = table.get_topic(ours).get_channel("c")
+    assert ch.policy == Policy(max_attempts=2, dead_letter_topic=f"{ours}.dead")
+    writer.update(ours, "c", b'{"max_depth": 3}', is_valid_name)
+    assert ch.policy.max_depth == 0                    # not before the owner is told
+    assert table.control_command(CMD.OP_CODES["policy_changed"], ours) == CMD.OK
+    assert ch.policy == Policy(max_attempts=2, dead_letter_topic=f"{ours}.dead", max_depth=3)
+    assert table.topics[ours].hooked == 1
+    assert any(f"CHANNEL({ours}:c): policy max_attempts=2" in msg for _, msg in log.lines)
+    # unchanged: no hook, no line
+    lines = len(log.lines)
+    assert table.control_command(CMD.OP_CODES["policy_changed"], ours) == CMD.OK
+    assert table.topics[ours].hooked == 1 and len(log.lines) == lines
+    # a new channel gets the file's config at once (read at the command)
+    writer.update(ours, "d", b'{"overflow": "reject"}', is_valid_name)
+    table.control_command(CMD.OP_CODES["policy_changed"], ours)
+    assert table.get_topic(ours).get_channel("d").policy.overflow == "reject"
+
+
+def test_policy_changed_for_a_topic_not_made_yet_or_owned_elsewhere(tmp_path):
+    table, _ = _table(tmp_path)
+    ours, theirs = topic_owned_by(0, stem="u"), topic_owned_by(1)
+    _book(tmp_path).update(ours, None, b'{"message_ttl_ms": 9}', is_valid_name)
+    assert table.control_command(CMD.OP_CODES["policy_changed"], ours) == CMD.OK
+    assert ours not in table.topics                    # not created by it
+    assert table.get_topic(ours).get_channel("c").policy == Policy(message_ttl_ms=9)
+    assert table.control_command(CMD.OP_CODES["policy_changed"], theirs) == CMD.NOT_OWNER
+
+
+def test_recovered_channels_get_their_policy(tmp_path):
+    ours = topic_owned_by(0)
+    _book(tmp_path).update(ours, "c", b'{"max_bytes": 77}', is_valid_name)
+    table, _ = _table(tmp_path)
+    table.recover({"topic_seq": 1, "channel_seq": 2, "topics": [{"name": ours, "index": 0, "paused": False,
+                                                                  "channels": [{"name": "c", "ch": 0, "key": 1,
+                                                                                "paused": False},
+                                                                               {"name": "e", "ch": 1, "key": 2,
+                                                                                "paused": False}]}]})
+    t = table.topics[ours]
+    assert t.channels["c"].policy == Policy(max_bytes=77) and t.channels["e"].policy is Policy.OFF
+    assert t.hooked == 1
+
+
+def test_without_a_book_every_channel_is_off(tmp_path):
+    table = TopicTable(TableHost(), 0, 2, SimpleNamespace(max_channel_consumers=0), RecordingJournal(),
+                       RecordingStats(), lambda: None, FailureReports(), FakeLog())
+    assert table.channel_policy("t", "c") is Policy.OFF
