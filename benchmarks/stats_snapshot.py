@@ -124,11 +124,13 @@ def main():
     ap.add_argument("--producers", type=int, default=20)
     ap.add_argument("--rounds", type=int, default=50)
     ap.add_argument("--out", default="")
+    ap.add_argument("--nsqd-flag", action="append", default=[], help="a flag for nsqd (repeatable), e.g. "
+                    "--nsqd-flag=--max-attempts=5: a policy on every channel, so each has a POLICY row too")
     args = ap.parse_args()
     data = tempfile.mkdtemp(prefix="stats_snapshot")
     argv = python_module("nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=127.0.0.1:0",
                          f"--data-path={data}",
-                         f"--workers={args.workers}", f"--node-id={NODE_ID}")
+                         f"--workers={args.workers}", f"--node-id={NODE_ID}", *args.nsqd_flag)
     topics = [f"snap-{i:05d}" for i in range(args.topics)]
     with ListeningProcess(argv) as nsqd:
         t0 = time.monotonic()

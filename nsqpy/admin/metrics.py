@@ -30,6 +30,10 @@ _CHANNEL = (("depth", "depth", "Messages waiting in the channel, over all nodes"
             ("clients", "client_count", "Consumers connected", GaugeMetricFamily),
             ("paused", "paused", "1 while the channel is paused on any node", GaugeMetricFamily))
 
+_POLICY = (("dead_lettered", "dead_lettered_count", "Messages moved to a dead-letter topic, over all nodes"),
+           ("expired", "expired_count", "Messages dropped for their TTL, over all nodes"),
+           ("dropped", "dropped_count", "Oldest messages dropped by full channels, over all nodes"))
+
 
 class _Totals:
     def __init__(self, topics, warnings, answered, asked):
@@ -53,6 +57,14 @@ class _Totals:
             for t in self.topics:
                 for c in t["channels"]:
                     fam.add_metric([t["topic_name"], c["channel_name"]], float(c[key]))
+            yield fam
+        # nsqpy's policies: only channels whose nodes report them (nsqpy nsqd with a policy or a count)
+        for name, key, text in _POLICY:
+            fam = CounterMetricFamily(f"nsqadmin_channel_{name}", text, labels=["topic", "channel"])
+            for t in self.topics:
+                for c in t["channels"]:
+                    if key in c:
+                        fam.add_metric([t["topic_name"], c["channel_name"]], float(c[key]))
             yield fam
 
 

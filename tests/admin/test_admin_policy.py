@@ -55,6 +55,9 @@ def test_channel_shows_policies_per_node_and_summed(cluster, admin):
     # the topic page's channel row is the same total
     [ch] = [c for c in admin.get(f"/api/topics/{q(topic)}")["channels"] if c["channel_name"] == "ch"]
     assert ch["dead_lettered_count"] == 1 and ch["policy"] == doc["policy"]
+    status, _, body = admin.request("GET", "/metrics")
+    assert status == 200
+    assert f'nsqadmin_channel_dead_lettered_total{{channel="ch",topic="{topic}"}} 1.0' in body.decode()
 
 
 def test_a_channel_without_policies_keeps_go_nsqadmins_fields(cluster, admin):

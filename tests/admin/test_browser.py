@@ -8,13 +8,14 @@ One cluster, one nsqadmin and one browser serve the whole module; each test keep
 """
 from __future__ import annotations
 
+import json
 import os
 import shutil
 
 import pytest
 
 from tests.admin.admin_wire import (DEADLINE, http_name, node_channel, node_stats, node_topic, on_lookupd,
-                                    q)
+                                    q, request)
 from tests.broker.wire import consumer, producer, unique
 
 from selenium import webdriver  # noqa: E402  (the test extra installs it)
@@ -275,3 +276,26 @@ def test_health_strip_names_a_node_that_does_not_answer(browser, admin_factory, 
     assert "1/2 nodes answering" in browser.find_element(By.ID, "health").text
     wait(browser, lambda d: dead in d.find_element(By.ID, "warning").text, "the warning names it")
     shot(browser, shots, "health")
+
+
+def test_channel_page_shows_policies_only_where_there_are_some(browser, admin, cluster):
+    """nsqpy's policies (issue 49): a table of the counters and the effective policy per node, none for a channel
+    without a policy on any node."""
+    n1, n2 = cluster.nodes
+    topic = unique("bpol")
+    status, _, body = request(n1.http_address, "POST", f"/channel/config?topic={q(topic)}&channel=ch",
+                              json.dumps({"max_attempts": 4}).encode())
+    assert status == 200, body
+    for n in cluster.nodes:
+        producer(n.address, topic, b"x")
+        consumer(n.address, topic, "ch").close()
+        consumer(n.address, topic, "plain").close()
+    on_lookupd(cluster, topic, 2)
+    open_page(browser, admin, f"topics/{q(topic)}/ch")
+    row = f"#channel-policies tr[data-node='{http_name(n1)}'] td[data-field='policy']"
+    wait(browser, lambda d: "max_attempts=4" in d.find_element(By.CSS_SELECTOR, row).text, "node 1's policy")
+    assert number(cell(browser, "channel-policies", f"data-node='{http_name(n1)}'", "dead_lettered_count")) == 0
+    assert not browser.find_elements(By.CSS_SELECTOR, f"#channel-policies tr[data-node='{http_name(n2)}']")
+    open_page(browser, admin, f"topics/{q(topic)}/plain")
+    wait(browser, lambda d: d.find_elements(By.CSS_SELECTOR, "#channel-nodes tr[data-node='*']"), "the page")
+    assert not browser.find_elements(By.ID, "channel-policies")
