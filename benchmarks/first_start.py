@@ -11,7 +11,8 @@ fills it, then --warm-starts starts load from it. Each start gets a fresh data p
 `TCP: listening on` line. nsqd runs with its HTTP API on (port 0), as an operator's does, unless --no-http; then
 `*_http_s` is the time from exec to the `HTTP: listening on` line (the same moment as TCP's for a checkout that
 prints both once every child is ready). Checkouts alternate within a round (the cold starts, then each warm start),
-so a drift in the machine's load hits both alike. Prints one JSON line (commit, cores, command). A cold round
+so a drift in the machine's load hits both alike. Prints one JSON line (commit, cores, command, and
+`load_average`: the 1-minute load average before and after the run). A cold round
 costs some 30 s of CPU (more with --compile-only): the default is one round, on a machine others share.
 
 `cold_full_speed_s`: exec to the last worker's `forward lane on` line (a first start compiles the forward lane in
@@ -285,6 +286,7 @@ def _rounds(opts, checkouts):
         for phase, seconds in phases.items():
             runs[name].setdefault(f"{kind}_{phase}", []).append(round(seconds, 3))
 
+    load_before = os.getloadavg()  # a shared machine: what else ran is part of the figures
     for r in range(opts.rounds):
         caches = {name: tempfile.mkdtemp(prefix="nsqpy-cache-") for name in checkouts}
         installed = {name: tempfile.mkdtemp(prefix="nsqpy-cache-") for name in checkouts}
@@ -306,9 +308,10 @@ def _rounds(opts, checkouts):
                     record(name, "after_compile_only", *start_time(checkout, installed[name], opts.workers, http))
             if opts.moved:
                 for name, checkout in checkouts.items():
-                    with tempfile.TemporaryDirectory(prefix="nsqpy-moved-") as site:
-                        record(name, "moved", *start_time(install(checkout, site), caches[name], opts.workers,
-                                                          http))
+                    with tempfile.TemporaryDirectory(prefix="nsqpy-moved-") as moved:
+                        site = shutil.copytree(checkout, os.path.join(moved, "site"),  # (the copy's copy)
+                                               ignore=shutil.ignore_patterns("__pycache__"))
+                        record(name, "moved", *start_time(site, caches[name], opts.workers, http))
         finally:
             for cache in (*caches.values(), *installed.values()):
                 shutil.rmtree(cache, ignore_errors=True)
@@ -324,7 +327,7 @@ def _rounds(opts, checkouts):
             log(f"round {r} go: {runs['go']['start_s'][-1]:.3f}s")
     medians = {name: {k: statistics.median(v) for k, v in figs.items() if v} for name, figs in runs.items()}
     result = dict(environment(), tool="first_start", workers=opts.workers, http=http, runs=runs, medians=medians,
-                  rounds=opts.rounds)
+                  rounds=opts.rounds, load_average=[round(x, 2) for x in (load_before[0], os.getloadavg()[0])])
     if go_skipped:
         result["go_skipped"] = go_skipped
     if "baseline" in medians:
