@@ -10,7 +10,10 @@ sync point: a fresh message published to the same topic, whose delivery to the s
 from __future__ import annotations
 
 import json
+import os
+import re
 import select
+import signal
 import threading
 import time
 import urllib.request
@@ -21,6 +24,7 @@ import pytest
 from nsqpy.protocol import client as C
 from nsqpy.protocol.dead_letter import decode
 from nsqpy.protocol.frames import FRAME_MESSAGE
+import namespaces
 from namespaces import kill_workers, log_on_failure
 from test_pynsq import PynsqLoop
 from wire import consumer, producer, unique
@@ -237,3 +241,44 @@ def test_without_policies_a_message_is_requeued_for_ever_as_in_nsq(nsqd_factory)
         ch = channel_stats(nsqd, topic, "c")
         assert ch["requeue_count"] == 6 and not ch.get("dead_lettered_count") and not ch.get("expired_count")
         c.close()
+
+
+def test_dead_letters_parked_when_their_worker_dies_are_sent_again_by_its_replacement(nsqd_factory):
+    """The dead-letter topic's owner is stopped (SIGSTOP), so the ring to it fills and the source worker's dead
+    letters wait as parked publishes, their messages held and marked in the in-flight table; then the source
+    worker is SIGKILLed (the parked publishes die with it) and the owner continued: the replacement's recovery
+    sends every marked message to the dead-letter topic again, and none of them to the channel."""
+    nsqd = nsqd_factory("--max-attempts=1", "--ring-budget=1048576", "--log-level=debug", workers=2)
+    topic = topic_apart(2)
+    source, dead_owner = f"worker {owner(topic, 2)}", f"worker {owner(topic + '.dead', 2)}"
+    n = 60
+    bodies = [b"%03d" % i + b"x" * (16 << 10) for i in range(n)]  # 16 KiB: forwarded in the ring, not by file
+    with log_on_failure(nsqd):
+        consumer(nsqd.address, topic + ".dead", "dlq", rdy=0).close()  # the channel keeps what arrives
+        producer(nsqd.address, topic, *bodies)
+        c = consumer(nsqd.address, topic, "c", rdy=n)
+        msgs = c.read_messages(n, WAIT)
+        stopped = namespaces.worker_pids(nsqd)[dead_owner][0]
+        os.kill(stopped, signal.SIGSTOP)
+        try:
+            mark = len(nsqd.lines)
+            for m in msgs:  # one REQ per loop iteration of the source worker: one dead-letter publish each
+                c.send(C.req(m.id, 0) + C.fin(b"0" * 16))
+                c.expect_error("E_FIN_FAILED")  # answered after the REQ's dead-letter pass
+            nsqd.wait_for_line(re.compile(rf"{source}: {dead_owner} is behind: publishes to it wait"), WAIT, mark)
+            c.close()
+            kill_workers(nsqd, [source])
+        finally:
+            os.kill(stopped, signal.SIGCONT)
+        got = set()
+        with consumer(nsqd.address, topic + ".dead", "dlq", rdy=n) as dlq:
+            while len(got) < n:
+                msg = dlq.read_message(WAIT)
+                header, body = decode(msg.body)
+                assert header["attempts"] == 1 and header["reason"] == "max_attempts"
+                got.add(body)
+                dlq.send(C.fin(msg.id))
+        assert got == set(bodies)
+        with consumer(nsqd.address, topic, "c", rdy=n) as c:
+            producer(nsqd.address, topic, b"fresh")  # the sync point: nothing of the channel comes before it
+            assert c.read_message(WAIT).body == b"fresh"
