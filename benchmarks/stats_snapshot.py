@@ -156,6 +156,7 @@ def main():
             reader._views = [None] * reader.workers
             reader._last = [None] * reader.workers
             reader._pubs = [None] * reader.workers
+            reader._policies = [None] * reader.workers
             reader.stats(fresh=False)
 
         def cold():

@@ -177,6 +177,7 @@ class StatsReader:
         self._last = [None] * self.workers                 # what the last unfiltered build made (see _build)
         self._pubs = [None] * self.workers                 # (topic filter, PUB rows, pub_counts lists)
         self._e2e = [{} for _ in range(self.workers)]      # parent uid -> (its E2E rows' (uid, GEN)s, its dict)
+        self._policies = [None] * self.workers             # (POLICY rows' words, the result, uid -> (GEN, dict))
         self.fresh = [False] * self.workers               # which workers answered the last refresh
 
     @classmethod
@@ -396,7 +397,7 @@ class StatsReader:
         psel = np.flatnonzero(kind == KIND_POLICY)
         policies = {}
         if len(psel):  # (only with nsqpy's policies) as E2E rows: a change is folded into the channel's GEN
-            policies, parents, marks = _policy_dicts(rows, psel, counts)
+            policies, parents, marks = self._policy_dicts(w, rows, psel, counts)
             c_gens = c_gens + (_e2e_marks(c_uids, parents, marks) << 32)
 
         last = self._last[w]
@@ -500,6 +501,38 @@ class StatsReader:
         np.add.at(marks, inverse, rows[esel, R_GEN] + 1)
         return out, parents, marks
 
+    def _policy_dicts(self, w, rows, psel, counts):
+        """({channel uid: what its POLICY row adds to its /stats dict}, the channels' uids sorted, per channel its
+        row's GEN + 1: as ``_e2e_dicts``' marks). All kept while the POLICY rows stay the same (GEN, KIND, UID and
+        parent of each); else a row's dict is made anew only when its UID or GEN moved."""
+        seen = rows[psel, :_PARENT + 1]
+        last = self._policies[w]
+        if last is not None and np.array_equal(last[0], seen):
+            return last[1]
+        known = last[2] if last is not None else {}
+        kept, out = {}, {}
+        for i, parent, uid, gen in zip(psel.tolist(), rows[psel, _PARENT].tolist(), rows[psel, R_UID].tolist(),
+                                       rows[psel, R_GEN].tolist()):
+            had = known.get(uid)
+            if had is not None and had[0] == gen:
+                d = had[1]
+            else:
+                c = counts[i].tolist()
+                d = {"dead_lettered_count": c[P_DEAD], "expired_count": c[P_EXPIRED], "dropped_count": c[P_DROPPED]}
+                if c[P_ON]:
+                    d["policy"] = {"max_attempts": c[P_ATTEMPTS], "dead_letter_topic": _decode_name(rows[i]),
+                                   "message_ttl_ms": c[P_TTL_MS], "max_depth": c[P_DEPTH], "max_bytes": c[P_BYTES],
+                                   "overflow": POLICY_OVERFLOWS[c[P_OVERFLOW]] if 0 <= c[P_OVERFLOW] < 3
+                                   else "block"}
+            kept[uid] = (gen, d)
+            out[parent] = d
+        parents, inverse = np.unique(rows[psel, _PARENT], return_inverse=True)
+        marks = np.zeros(len(parents), np.int64)
+        np.add.at(marks, inverse, rows[psel, R_GEN] + 1)
+        result = (out, parents, marks)
+        self._policies[w] = (seen.copy(), result, kept)
+        return result
+
     def _producers(self, w, rows, kind, counts, topic, nsqpy_fields, ksel, k_counts):
         """(producer dicts, {client uid: its dict} for producers, {client uid: identity}, every identity whole)."""
         uids = rows[ksel, R_UID].tolist()
@@ -577,23 +610,6 @@ def _signal_worker(board, w):
             os.kill(board.word(w, B_PID), STATS_WAKE_SIGNAL)
         except OSError:
             pass  # gone meanwhile, or another user's: the worker's next tick answers
-
-
-def _policy_dicts(rows, psel, counts):
-    """({channel uid: what its POLICY row adds to its /stats dict}, the channels' uids sorted, per channel its
-    row's GEN + 1: as ``_e2e_dicts``' marks)."""
-    out = {}
-    for i, parent, c in zip(psel.tolist(), rows[psel, _PARENT].tolist(), counts[psel].tolist()):
-        d = out[parent] = {"dead_lettered_count": c[P_DEAD], "expired_count": c[P_EXPIRED],
-                           "dropped_count": c[P_DROPPED]}
-        if c[P_ON]:
-            d["policy"] = {"max_attempts": c[P_ATTEMPTS], "dead_letter_topic": _decode_name(rows[i]),
-                           "message_ttl_ms": c[P_TTL_MS], "max_depth": c[P_DEPTH], "max_bytes": c[P_BYTES],
-                           "overflow": POLICY_OVERFLOWS[c[P_OVERFLOW]] if 0 <= c[P_OVERFLOW] < 3 else "block"}
-    parents, inverse = np.unique(rows[psel, _PARENT], return_inverse=True)
-    marks = np.zeros(len(parents), np.int64)
-    np.add.at(marks, inverse, rows[psel, R_GEN] + 1)
-    return out, parents, marks
 
 
 def _e2e_of(e2e, uids):
