@@ -351,3 +351,15 @@ def test_a_stale_mark_on_a_reused_slot_means_nothing(setup):
     drain(again)
     assert s2.received == [b"second"] and len(letters(worker)) == 1
 
+
+def test_an_invalid_dead_letter_topic_name_means_none(setup):
+    """An ephemeral topic's name + the suffix is no valid topic name: its messages behave as without one."""
+    worker, log, ch = setup(capacity=16)
+    ch.policy = Policy(max_attempts=1, dead_letter_topic="t#ephemeral.dead")
+    publish(log, [b"m"])
+    s = consumer(ch)
+    drain(ch)
+    req_all(ch, s)
+    assert worker.dead_letters == [] and s.attempts == [1, 2]  # delivered again, as NSQ would
+    assert [line for line in worker.log.lines if "not a valid topic name" in line[1]]
+

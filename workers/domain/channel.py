@@ -48,6 +48,7 @@ import numpy as np
 from nsqpy.ipc import inflight as IF
 from nsqpy.protocol.errors import FinFailed, PubFailed, ReqFailed, TouchFailed
 from nsqpy.protocol.ids import hex_to_id
+from nsqpy.protocol.names import is_valid_name
 from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.workers.domain import dead_letter as DL
 from nsqpy.workers.domain.deferred import DeferredNoSpace
@@ -100,7 +101,7 @@ class Channel:
         self._expiring = []                   # held slots of this round's expired messages (dead-lettered after it)
         self._dying = []                      # held slots over max_attempts (their REQ, timeout, disconnect), marked:
                                               # dead-lettered as one publish at the channel's next pass
-        self._refused_logged = {}             # why a dead-letter publish was refused -> when it was last logged
+        self._refused_logged = {}             # cause of a dead-letter warning -> when it was last logged
         self.deleted = False
         self.blocked = False    # the last delivery pass found the in-flight table full
         self._rr = 0            # the consumer whose turn it is to be served first
@@ -696,6 +697,9 @@ class Channel:
         w = self.worker
         table = w.inflight
         dead = self.policy.dead_letter_topic
+        if dead and not is_valid_name(dead):  # (an ephemeral topic's name + the suffix): as if none were set
+            self._log_once(f"dead-letter topic {dead!r} is not a valid topic name: none is used", "")
+            dead = ""
         if not dead:  # the policy changed since these were decided
             if reason == DL.TTL and self.policy.message_ttl_ms:
                 self._expire_held(slots)
@@ -737,16 +741,20 @@ class Channel:
         live = [slot for slot, value in zip(slots, marks) if DL.still_marked(table, slot, value)]
         for slot in live:
             DL.unmark(table, slot)
-        now = time.monotonic()
-        if now - self._refused_logged.get(why, 0.0) >= 1.0:
-            self._refused_logged[why] = now
-            then = "delivered again" if reason == DL.MAX_ATTEMPTS else "kept and tried again"
-            self.worker.log.warn(f"CHANNEL({self.topic.name}:{self.name}): dead letters to "
-                                 f"{self.policy.dead_letter_topic} refused ({why}): {len(live)} messages {then}")
+        then = "delivered again" if reason == DL.MAX_ATTEMPTS else "kept and tried again"
+        self._log_once(f"dead letters to {self.policy.dead_letter_topic} refused ({why}): {len(live)} messages "
+                       f"{then}", why)
         if reason == DL.MAX_ATTEMPTS:
             self.put_back(live)
         else:
             self.doomed.extend((slot, reason) for slot in live)
-            self._doomed_at = now + DEAD_LETTER_RETRY / 2  # (retry_later's wake-up comes after DEFER_RETRY)
+            self._doomed_at = time.monotonic() + DEAD_LETTER_RETRY / 2  # (retry_later's wake-up comes after DEFER_RETRY)
             self.worker.retry_later(self)
         self.wants_delivery()
+
+    def _log_once(self, text, cause):
+        """A warning about this channel's dead letters, at most once per cause and second."""
+        now = time.monotonic()
+        if now - self._refused_logged.get(cause, 0.0) >= 1.0:
+            self._refused_logged[cause] = now
+            self.worker.log.warn(f"CHANNEL({self.topic.name}:{self.name}): {text}")
