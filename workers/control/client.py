@@ -96,9 +96,9 @@ class ControlPlane:
         crc = zlib.crc32(name)
         owner = owner_of(topic, self.workers)
         deadline = None if timeout is None else time.monotonic() + timeout
+        if self.control.topic_full(owner, crc):
+            self._refuse_or_wait(owner, crc, topic, deadline)  # outside the lock: other topics' publishes go on
         with self._lock:
-            if self.control.topic_full(owner, crc):
-                self._refuse_or_wait(owner, crc, topic, deadline)
             payload = pack_forward(np.empty(forward_size(name, lengths), np.uint8), name, src, offsets, lengths,
                                    time.time_ns(), defer_ms)
             rtype = FORWARD
@@ -113,8 +113,8 @@ class ControlPlane:
 
     def _refuse_or_wait(self, owner, crc, topic, deadline):
         """The topic is marked: raise PublishFailed (its log is full) or ChannelFull (a channel at its limit with
-        overflow reject), or wait while the mark says block, up to BLOCK_WAIT and the deadline (the owner wakes
-        this slot when it clears the mark), then ChannelFull."""
+        overflow reject), or wait while the mark says block, up to BLOCK_WAIT and the deadline (polled every
+        WAIT_SLICE), then ChannelFull."""
         limit = time.monotonic() + BLOCK_WAIT
         if deadline is not None:
             limit = min(limit, deadline)
@@ -128,7 +128,7 @@ class ControlPlane:
             if wait <= 0:
                 raise ChannelFull(f"CHANNEL_FULL: a channel of topic {topic} stayed at its limit for "
                                   f"{BLOCK_WAIT:g} s")
-            self.links.sleep(self.proc, wait, lambda: self.control.topic_full(owner, crc))
+            time.sleep(wait)  # a poll: the slot's eventfd belongs to whoever holds the lock
 
     def _to_file(self, payload):
         self._files += 1

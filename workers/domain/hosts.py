@@ -65,11 +65,14 @@ class TopicJournal(ChannelJournal, Protocol):
 
 class TopicFullMarks(Protocol):
     """The control block's full marks (``workers/control/block.py``): other workers refuse a full topic's
-    publishes at once."""
+    publishes at once (and a bounded channel's, or hold them back: ``set_topic_mark``, workers/domain/bounds.py)."""
 
     def topic_full(self, w: int, crc: int) -> bool: ...
 
     def set_topic_full(self, w: int, crc: int, full: bool) -> None: ...
+
+    def set_topic_mark(self, w: int, crc: int, kind: Any, channel: str = "", limit: int = 0,
+                       value: int = 0) -> None: ...
 
 
 class TopicStats(Protocol):
