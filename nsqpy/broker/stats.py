@@ -502,8 +502,8 @@ class StatsReader:
         return out, parents, marks
 
     def _policy_dicts(self, w, rows, psel, counts):
-        """({channel uid: what its POLICY row adds to its /stats dict}, the channels' uids sorted, per channel its
-        row's GEN + 1: as ``_e2e_dicts``' marks). All kept while the POLICY rows stay the same (GEN, KIND, UID and
+        """({channel uid: what its POLICY row adds to its /stats dict}, the channels' uids sorted, per channel a
+        mark of its row's UID and GEN, as ``_e2e_dicts``' marks). All kept while the POLICY rows stay the same (GEN, KIND, UID and
         parent of each); else a row's dict is made anew only when its UID or GEN moved."""
         seen = rows[psel, :_PARENT + 1]
         last = self._policies[w]
@@ -528,7 +528,9 @@ class StatsReader:
             out[parent] = d
         parents, inverse = np.unique(rows[psel, _PARENT], return_inverse=True)
         marks = np.zeros(len(parents), np.int64)
-        np.add.at(marks, inverse, rows[psel, R_GEN] + 1)
+        # a channel has one POLICY row; a new one (a new dead-letter name) has a new UID and may have its
+        # predecessor's GEN: both go into the mark (31 bits, so that the caller's << 32 stays in int64)
+        np.add.at(marks, inverse, (rows[psel, R_UID] * 1_000_003 + rows[psel, R_GEN] + 1) & 0x7FFFFFFF)
         result = (out, parents, marks)
         self._policies[w] = (seen.copy(), result, kept)
         return result

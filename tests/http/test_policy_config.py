@@ -184,6 +184,18 @@ def test_the_owner_applies_configs_to_its_channels(api, broker):
     ok(api, "POST", f"/topic/config?topic={t}", {"max_attempts": 7, "dead_letter_topic": "graves"})
     assert channel_stats(api, t, "plain")["policy"] == dict(OFF, max_attempts=7, dead_letter_topic="graves")
     assert channel_stats(api, t, "ttl")["policy"]["max_attempts"] == 7
+    # a new dead-letter name is a new stats row: an unfiltered snapshot (the readers' incremental path, in each
+    # gunicorn worker) shows it, however the rows' generations line up
+    for name in ("graves2", "graves3", "graves"):
+        with Http(api) as h:
+            for _ in range(2):
+                h.request("GET", "/stats?format=json")   # the reader's cache holds the channel's last dict
+            status, _, data = h.request("POST", f"/topic/config?topic={t}", json.dumps({"dead_letter_topic": name}).encode())
+            assert status == 200, data
+            status, _, data = h.request("GET", "/stats?format=json")
+        [c] = [c for tt in json.loads(data)["topics"] if tt["topic_name"] == t for c in tt["channels"]
+               if c["channel_name"] == "plain"]
+        assert c["policy"]["dead_letter_topic"] == name
     # a channel's own change reaches that channel
     ok(api, "POST", f"/channel/config?topic={t}&channel=plain", {"max_depth": 50, "overflow": "drop_oldest"})
     assert channel_stats(api, t, "plain")["policy"] == dict(OFF, max_attempts=7, dead_letter_topic="graves",
