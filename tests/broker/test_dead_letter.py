@@ -27,7 +27,7 @@ from nsqpy.protocol.frames import FRAME_MESSAGE
 import namespaces
 from namespaces import kill_workers, log_on_failure
 from test_pynsq import PynsqLoop
-from wire import consumer, producer, unique
+from wire import Conn, consumer, producer, unique
 
 WAIT = 60.0
 
@@ -203,6 +203,29 @@ def test_messages_past_their_ttl_go_to_the_dead_letter_topic_and_are_never_deliv
         ch = channel_stats(nsqd, topic, "c")
         assert ch.get("expired_count") == 20 and ch.get("dead_lettered_count") == 20, ch
         assert ch["depth"] == 0 and ch["in_flight_count"] == 1
+        c.close()
+        dlq.close()
+
+
+def test_deferred_messages_past_their_ttl_when_due_go_to_the_dead_letter_topic(nsqd_factory):
+    """A DPUB due after the TTL, and a message REQ'd with a delay past it: neither is delivered again."""
+    nsqd = nsqd_factory("--message-ttl=400ms", "--max-attempts=5", workers=2)
+    topic = topic_apart(2)
+    with log_on_failure(nsqd):
+        dlq = consumer(nsqd.address, topic + ".dead", "dlq", rdy=10)
+        c = consumer(nsqd.address, topic, "c", rdy=10)
+        with Conn(nsqd.address) as p:
+            p.send(C.dpub(topic, 800, b"deferred"))
+            p.expect_response(b"OK")
+        producer(nsqd.address, topic, b"reqd")
+        msg = c.read_message(WAIT)
+        assert msg.body == b"reqd"
+        c.send(C.req(msg.id, 800))
+        letters = {body: header for header, body in (decode(m.body) for m in dlq.read_messages(2, WAIT))}
+        assert letters[b"deferred"]["attempts"] == 0 and letters[b"reqd"]["attempts"] == 1
+        assert {h["reason"] for h in letters.values()} == {"ttl"}
+        producer(nsqd.address, topic, b"fresh")  # the sync point: delivered, and nothing before it
+        assert c.read_message(WAIT).body == b"fresh"
         c.close()
         dlq.close()
 
