@@ -21,7 +21,8 @@ has the lane from its first request.
 
 --compile-only adds, per round and checkout, the install step README's commands can run before the first start:
 `nsqd --compile-only` on another fresh cache (`compile_only_s`, exec to its exit; `compile_only_progress`, how many
-`compiled k/N` lines it printed, and `compile_only_first_line_s`, exec to its first), then a start on the cache it
+`compiled k/N` lines it printed, `compile_only_first_line_s`, exec to its first, and `compile_only_cpu_s`, the CPU
+time of it and its compiling processes: the figure a loaded machine changes least), then a start on the cache it
 filled (`after_compile_only_s`): what a newcomer's first `nsqd` costs when the install step ran.
 
 --go-nsqd=PATH adds a start of Go nsqd per round (`go`: `start_s`, exec to its `TCP: listening on` line, and
@@ -60,6 +61,7 @@ import argparse
 import json
 import os
 import re
+import resource
 import shutil
 import signal
 import statistics
@@ -149,6 +151,7 @@ def start_time(checkout, cache_home, workers, http=True, argv=None):
 def compile_only_time(checkout, cache_home):
     """``nsqd --compile-only`` on ``cache_home``: -> (seconds from exec to its exit, {"progress": its `compiled
     k/N` lines, "first_line_s": exec to its first line})."""
+    before = resource.getrusage(resource.RUSAGE_CHILDREN)
     t0 = time.monotonic()
     proc = subprocess.Popen(_nsqd("--compile-only"), cwd=checkout, env=_env(cache_home), stdout=subprocess.PIPE,
                             stderr=subprocess.STDOUT)
@@ -158,7 +161,10 @@ def compile_only_time(checkout, cache_home):
         phases["progress"] += bool(PROGRESS.search(line))
     if proc.wait() != 0:
         raise SystemExit(f"{checkout}: nsqd --compile-only exited with {proc.returncode}")
-    return time.monotonic() - t0, phases
+    total = time.monotonic() - t0
+    after = resource.getrusage(resource.RUSAGE_CHILDREN)  # nsqd's compiling children too: it waited for them
+    phases["cpu_s"] = after.ru_utime + after.ru_stime - before.ru_utime - before.ru_stime
+    return total, phases
 
 
 STEP_TIMER = """
