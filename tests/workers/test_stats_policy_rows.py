@@ -9,7 +9,7 @@ import pytest
 
 from nsqpy.broker.stats import KIND_POLICY, POLICY_OVERFLOWS, StatsReader, encode_name
 from nsqpy.workers.domain.stats_rows import _body
-from tests.workers.test_stats_reader import FILTERS, Writer, plane, snapshot  # noqa: F401 (plane: a fixture)
+from tests.workers.test_stats_reader import Writer, one_round, plane, snapshot  # noqa: F401 (plane: a fixture)
 
 
 class PolicyWriter(Writer):
@@ -53,17 +53,7 @@ def test_a_long_lived_reader_shows_policies_as_a_new_one(plane, seed):  # noqa: 
     seen_policy = seen_off = 0
     try:
         for round_ in range(300):
-            for _ in range(rng.randint(0, 12)):
-                rng.choice(writers).step()
-            for wr in writers:
-                wr.rows.flush()
-            fresh = StatsReader(board, "", 0, name_of=name_of)
-            try:
-                assert snapshot(reader) == snapshot(fresh), round_
-                filters = rng.choice(FILTERS)
-                assert snapshot(reader, **filters) == snapshot(fresh, **filters), (round_, filters)
-            finally:
-                fresh.close()
+            one_round(board, name_of, rng, writers, reader, round_)
             shown = json.loads(snapshot(reader))
             for wr in writers:
                 for t in wr.topics.values():

@@ -152,6 +152,21 @@ def snapshot(reader, **filters):
     return json.dumps(reader.stats(fresh=False, include_mem=False, **filters))
 
 
+def one_round(board, name_of, rng, writers, reader, round_):
+    """A batch of random changes, then the long-lived reader's snapshots against a new reader's."""
+    for _ in range(rng.randint(0, 12)):
+        rng.choice(writers).step()
+    for wr in writers:
+        wr.rows.flush()
+    fresh = StatsReader(board, "", 0, name_of=name_of)
+    try:
+        assert snapshot(reader) == snapshot(fresh), round_
+        filters = rng.choice(FILTERS)
+        assert snapshot(reader, **filters) == snapshot(fresh, **filters), (round_, filters)
+    finally:
+        fresh.close()
+
+
 @pytest.mark.parametrize("seed", [7, 8, 9])
 def test_a_long_lived_reader_shows_what_a_new_one_shows(plane, seed):
     board, name_of = plane
@@ -160,17 +175,7 @@ def test_a_long_lived_reader_shows_what_a_new_one_shows(plane, seed):
     reader = StatsReader(board, "", 0, name_of=name_of)
     try:
         for round_ in range(400):
-            for _ in range(rng.randint(0, 12)):
-                rng.choice(writers).step()
-            for wr in writers:
-                wr.rows.flush()
-            fresh = StatsReader(board, "", 0, name_of=name_of)
-            try:
-                assert snapshot(reader) == snapshot(fresh), round_
-                filters = rng.choice(FILTERS)
-                assert snapshot(reader, **filters) == snapshot(fresh, **filters), (round_, filters)
-            finally:
-                fresh.close()
+            one_round(board, name_of, rng, writers, reader, round_)
         shown = reader.stats(fresh=False, include_mem=False)
         assert shown["topics"] and shown["producers"]  # the model did make something to compare
         assert any(t["e2e_processing_latency"]["percentiles"] for t in shown["topics"]) and \
