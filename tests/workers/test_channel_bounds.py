@@ -5,20 +5,27 @@ What must hold: reject refuses the whole publish that would take a channel over 
 the limit is taken, one over is not, an MPUB straddling it is refused whole) naming the channel and its limit, and
 appends nothing; block raises ChannelBlocked the same way (nothing appended) but an empty channel takes any
 publish; a publish other workers already acknowledged is always appended; drop_oldest keeps the newest messages
-and counts every drop (log records first, then requeued ones); #ephemeral channels drop_oldest whatever their
-overflow; the mark other workers read says refuse (naming the channel) or block, and clears once the channel is
-below its limit again, or its bound is gone."""
+in delivery order and counts every drop (log records, then requeued ones once the cursor reached them);
+#ephemeral channels drop_oldest whatever their overflow; the mark other workers read says refuse (naming the
+channel) or block, and clears once the channel is below its limit again, or its bound is gone. On the senders'
+side (two Forwarders over real rings): a reject mark refuses PUB, MPUB and the pump's lone PUBs at once with that
+reason, forwarding nothing; a block mark holds the publish back with its session held, and once cleared every
+held publish is committed and answered, in order."""
 import time
+import zlib
 from types import SimpleNamespace
 
 import numpy as np
 import pytest
 
+from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.workers.control.block import MARK_BLOCKED, MARK_CHANNEL_FULL, MARK_FULL, Control, nbytes
 from nsqpy.workers.domain import bounds
 from nsqpy.workers.domain.policy import Policy
 from nsqpy.workers.domain.topic import ChannelBlocked, ChannelFull, Topic
+from nsqpy.workers.publishing.forwarding import Refused
 from tests.workers.fakes import FakeSession, FakeTopicHost, drain, finish_all
+from tests.workers.worker_fakes import PublishingSession, close_links, topic_owned_by, two_workers
 
 
 def bodies_of(messages):
@@ -217,3 +224,51 @@ def test_control_block_marks_kinds_and_reasons():
     assert c.topic_full(1, 7 + 256)
     c.set_topic_mark(1, 7 + 256, None)
     assert not c.topic_full(1, 7 + 256)
+
+
+# ---- the senders' side: the Forwarder with a real control block (tests/workers/worker_fakes.py rigs) ----------
+@pytest.fixture
+def senders(tmp_path):
+    w0, w1, links = two_workers(str(tmp_path))
+    control = Control.create(SimpleNamespace(buf=bytearray(nbytes(2))), 2)
+    w0.forwarder.control = w1.forwarder.control = control
+    yield w0, w1, control
+    close_links(links)
+
+
+def test_a_sender_holds_back_a_publish_while_the_owner_says_block_and_commits_it_once_cleared(senders):
+    w0, w1, control = senders
+    theirs = topic_owned_by(1)
+    crc = zlib.crc32(theirs.encode())
+    control.set_topic_mark(1, crc, MARK_BLOCKED, "c", bounds.DEPTH, 5)
+    s, later = PublishingSession("s"), PublishingSession("later")
+    w0.forwarder.publish(s, theirs, [b"first"], 0, "PUB")
+    w0.forwarder.publish(later, theirs, [b"second"], 0, "PUB")
+    assert s.held and later.held and s.oks == later.oks == 0 and not s.errors
+    w0.forwarder.retry_parked()
+    assert s.held and not w0.forwarder.parked_room()  # still marked: nothing to do, the worker may sleep
+    assert w1.forwarder.drain_rings() == 0  # nothing was forwarded
+    control.set_topic_mark(1, crc, None)  # the owner's channel drained
+    assert w0.forwarder.parked_room()
+    w0.forwarder.retry_parked()
+    assert (s.oks, later.oks) == (1, 1) and not s.held and not later.held and w0.forwarder.parked_count == 0
+    w1.forwarder.drain_rings()
+    assert w1.topics.topics[theirs].bodies == [b"first", b"second"]  # in order, each once
+
+
+def test_a_sender_refuses_at_once_naming_the_channel_when_the_owner_says_reject(senders):
+    w0, w1, control = senders
+    theirs = topic_owned_by(1)
+    control.set_topic_mark(1, zlib.crc32(theirs.encode()), MARK_CHANNEL_FULL, "c", bounds.DEPTH, 5)
+    with pytest.raises(PubFailed, match=rf"^E_PUB_FAILED PUB failed channel {theirs}:c is full \(max_depth 5\)$"):
+        w0.forwarder.publish(PublishingSession(), theirs, [b"x"], 0, "PUB")
+    cmd = SimpleNamespace(topic=theirs, buffer=b"ab", offsets=np.array([0, 1], np.int64),
+                          lengths=np.array([1, 1], np.int64))
+    with pytest.raises(MpubFailed, match="MPUB failed channel"):
+        w0.forwarder.publish_mpub(PublishingSession(), cmd)
+    staged = w0.forwarder.publish_staged(theirs, *bodies_of([b"lone"]))  # the pump's lone PUBs
+    assert isinstance(staged, Refused)
+    s = PublishingSession()
+    staged.add(s, 1, PubFailed, "PUB")
+    assert str(s.errors[0]) == f"E_PUB_FAILED PUB failed channel {theirs}:c is full (max_depth 5)"
+    assert w1.forwarder.drain_rings() == 0

@@ -246,8 +246,8 @@ class Forwarder:
                 raise ChannelBlocked(topic)  # behind the publishes held back before it
             ok = t.append(src, offsets, lengths, now, defer_ms)
         except ChannelBlocked:
-            ok = self._hold_back(owner, topic, t.crc, self._packed(topic, src, offsets, lengths, now, defer_ms),
-                                 lengths.copy())
+            payload = self._packed(topic.encode(), src, offsets, lengths, now, defer_ms)
+            ok = self._hold_back(owner, topic, t.crc, payload, lengths.copy())
         finally:
             if t.limited is not None:
                 self._watch(t)
@@ -255,8 +255,8 @@ class Forwarder:
             self.deliver_now()
         return ok
 
-    def _packed(self, topic, src, offsets, lengths, now, defer_ms):
-        name = topic.encode()
+    def _packed(self, name, src, offsets, lengths, now, defer_ms):
+        """The publish as one FORWARD record (in the pack buffer, or its own when bigger)."""
         size = forward_size(name, lengths)
         out = self._pack if size <= self._pack.size else np.empty(size, np.uint8)
         return pack_forward(out, name, src, offsets, lengths, now, defer_ms)
@@ -264,9 +264,12 @@ class Forwarder:
     def _forward(self, owner, topic, src, offsets, lengths, now, defer_ms):
         """Commit n messages (bodies src[offsets[i]:offsets[i]+lengths[i]]) to the owner's ring as one record.
         -> True when committed; False when the owner marked the topic full (E_PUB_FAILED, as nsqd); a Parked
-        publish (holding a copy) when the ring has no room now, or earlier publishes to this owner still wait:
-        the caller adds the sessions whose OK waits for it. A full ring is back-pressure, never an error."""
-        crc = zlib.crc32(topic.encode())
+        publish (holding a copy) when the ring has no room now, or earlier publishes to this owner still wait, or
+        a channel of the topic is at its limit (overflow block): the caller adds the sessions whose OK waits for
+        it. A full ring is back-pressure, never an error. Raises ChannelFull for a channel at its limit with
+        overflow reject."""
+        name = topic.encode()
+        crc = zlib.crc32(name)
         if self.control.topic_full(owner, crc):
             why = self.control.refusal(owner, crc, topic)
             if why is not None:  # the owner could not take the last ones: refuse now, as nsqd would
@@ -274,8 +277,8 @@ class Forwarder:
                     raise ChannelFull(why)
                 return False
             # a channel with overflow block is at its limit: hold the publish back until the owner clears the mark
-            return self._hold_back(owner, topic, crc, self._packed(topic, src, offsets, lengths, now, defer_ms))
-        payload = self._packed(topic, src, offsets, lengths, now, defer_ms)
+            return self._hold_back(owner, topic, crc, self._packed(name, src, offsets, lengths, now, defer_ms))
+        payload = self._packed(name, src, offsets, lengths, now, defer_ms)
         if self.blocked and (owner, topic) in self.blocked:
             return self._hold_back(owner, topic, crc, payload)  # behind the publishes held back before it
         return self._send_forward(owner, payload, topic, crc)
