@@ -72,7 +72,7 @@ def test_topic_config_post_then_get(api):
     t = unique("pt")
     got = ok(api, "GET", f"/topic/config?topic={t}")
     assert got == {"topic": t, "effective": dict(OFF, max_attempts=5, dead_letter_topic=f"{t}.dead"), "config": {},
-                   "defaults": {"max_attempts": 5}}
+                   "channel_configs": {}, "defaults": {"max_attempts": 5}}
     out = ok(api, "POST", f"/topic/config?topic={t}", {"message_ttl_ms": 60000, "max_attempts": 2})
     assert out["effective"] == dict(OFF, max_attempts=2, dead_letter_topic=f"{t}.dead", message_ttl_ms=60000)
     assert out["config"] == {"message_ttl_ms": 60000, "max_attempts": 2}
@@ -96,8 +96,11 @@ def test_channel_config_falls_back_to_topic_then_flags(api):
     other = ok(api, "GET", f"/channel/config?topic={t}&channel=other")
     assert other["effective"] == dict(OFF, max_attempts=5, dead_letter_topic=f"{t}.dead", max_depth=100,
                                       overflow="reject")
+    assert ok(api, "GET", f"/topic/config?topic={t}")["channel_configs"] == {"c": {"max_depth": 10,
+                                                                                    "dead_letter_topic": "dlq"}}
     out = ok(api, "POST", f"/channel/config?topic={t}&channel=c", {"max_depth": None, "dead_letter_topic": None})
     assert out["config"] == {} and out["effective"] == other["effective"]
+    assert ok(api, "GET", f"/topic/config?topic={t}")["channel_configs"] == {}
     # the dead-letter topic does not take the flags' defaults
     dead = ok(api, "GET", f"/channel/config?topic={t}.dead&channel=c")
     assert dead["effective"] == OFF

@@ -118,6 +118,8 @@ class PolicyBook:
         out["config"] = dict(self.topic_config(topic) if channel is None else self.channel_config(topic, channel))
         if channel is not None:
             out["topic_config"] = dict(self.topic_config(topic))
+        else:  # the topic's channels that have a config of their own, so an operator can find them
+            out["channel_configs"] = {name: dict(c) for name, c in sorted(self.channels.get(topic, {}).items())}
         out["defaults"] = dict(self.defaults)
         return out
 
