@@ -165,6 +165,16 @@ def test_book_a_damaged_file_is_set_aside(tmp_path):
     assert len(lines) == 1 and "cannot be read" in lines[0]
 
 
+def test_book_an_unreadable_file_is_no_configs_and_updates_fail(tmp_path):
+    (tmp_path / FILE_NAME).mkdir()   # open() fails (IsADirectoryError) as for an unreadable file
+    lines = []
+    book = PolicyBook(str(tmp_path), SimpleNamespace(max_attempts=2), SimpleNamespace(error=lines.append)).load()
+    assert book.topics == {} and book.effective("t") == Policy(max_attempts=2, dead_letter_topic="t.dead")
+    assert len(lines) == 1 and "cannot be read" in lines[0]
+    with pytest.raises(OSError):
+        book.update("t", None, b'{"max_depth": 1}', is_valid_name)
+
+
 def _writer(path, who, n, barrier):
     barrier.wait()
     book = _book(path)

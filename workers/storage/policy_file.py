@@ -72,9 +72,16 @@ class PolicyBook:
 
     # ---- reading ---------------------------------------------------------------------------------------
     def load(self):
-        """Read the file (none: no configs). -> self."""
+        """Read the file (none: no configs). -> self. A file that cannot be opened (permissions, I/O error) is
+        logged and read as no configs: a worker must start all the same (an update then fails: the HTTP API's
+        500)."""
         with _process_lock:
-            self.topics, self.channels = self._read()
+            try:
+                self.topics, self.channels = self._read()
+            except OSError as e:
+                if self.log is not None:
+                    self.log.error(f"policy file {self.path} cannot be read ({e}): no configs in effect")
+                self.topics, self.channels = {}, {}
         return self
 
     def _read(self):
