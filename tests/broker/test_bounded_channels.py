@@ -14,6 +14,7 @@ import select
 import time
 import urllib.error
 import urllib.request
+import zlib
 
 import pytest
 
@@ -277,3 +278,25 @@ def test_a_worker_sigkill_and_a_clean_restart_lose_nothing_acknowledged(nsqd_fac
         assert sorted(got) == sorted(kept)
         assert c.read_until_settled() == []
         c.close()
+
+
+def test_max_bytes_counts_record_bytes_and_rejects_naming_the_limit(nsqd_factory):
+    per = 48 + 104  # a 100-byte body's log record: 48-byte header, rounded up to 8 (workers/domain/bounds.py)
+    nsqd = nsqd_factory(f"--max-channel-bytes={3 * per}", "--channel-overflow=reject")
+    topic = unique("mb")
+    body = b"b" * 100
+    why = f"channel {topic}:c is full (max_bytes {3 * per})"
+    with log_on_failure(nsqd):
+        make_channel(nsqd, topic)
+        conns = producers(nsqd)
+        mine = conns.pop(f"worker {zlib.crc32(topic.encode()) % 2}")  # the owner's own: exact at the edge
+        mine.publish(topic, body, body)
+        mine.send(C.mpub(topic, [body] * 2))  # 2 + 2 records: over, refused whole
+        mine.expect_fatal("E_MPUB_FAILED", f"E_MPUB_FAILED MPUB failed {why}")
+        with Conn(nsqd.address) as c:
+            c.publish(topic, body)  # exactly at the limit (the owner marks the topic)
+        assert channel_stats(nsqd, topic)["depth"] == 3
+        for c in conns.values():  # another worker's producer: refused at once
+            c.send(C.pub(topic, b"x"))
+            c.expect_fatal("E_PUB_FAILED", f"E_PUB_FAILED PUB failed {why}")
+        assert channel_stats(nsqd, topic)["depth"] == 3
