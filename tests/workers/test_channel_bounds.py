@@ -224,6 +224,10 @@ def test_control_block_marks_kinds_and_reasons():
     assert c.topic_full(1, 7 + 256)
     c.set_topic_mark(1, 7 + 256, None)
     assert not c.topic_full(1, 7 + 256)
+    c.set_topic_mark(1, 7, MARK_CHANNEL_FULL, "a", 0, 1)
+    c.set_topic_mark(1, 7 + 32, MARK_CHANNEL_FULL, "b", 0, 2)  # another full slot, the same reason slot
+    assert c.refusal(1, 7 + 32, "u") == "channel u:b is full (max_depth 2)"
+    assert c.refusal(1, 7, "t") == "channel of topic t is full"  # still refused, the channel's name lost
 
 
 # ---- the senders' side: the Forwarder with a real control block (tests/workers/worker_fakes.py rigs) ----------

@@ -14,7 +14,8 @@ Layout (int64 words after the common header line, one LINE per process so writer
                     when it hands a producer over, worker w subtracts one when such a session leaves, both with
                     an atomic add, and a replacement of w resets it)
     then            per worker, FULL_SLOTS words: the topics it owns that are full (written by worker w)
-    then            per worker, FULL_SLOTS x REASON_WORDS words: why each marked topic is marked (worker w)
+    then            per worker, FULL_SLOTS words: the kind of each slot's mark (crc << 8 | MARK_*, worker w)
+    then            per worker, REASON_SLOTS x REASON_WORDS words: a reject mark's channel and limit (worker w)
 
 The acceptor picks the worker with the fewest connections; workers compare the scanner epoch once per loop
 iteration and re-post their timers when it moved (the scanner restarted and cleared its heaps).
@@ -25,9 +26,10 @@ records the owner could not take. Two full topics on one slot: the later wins, t
 forwarded and land in the log's overdraft (nsqpy.ipc.msglog.OVERDRAFT_SEGMENTS); a topic never looks full by mistake.
 
 Bounded channels (workers/domain/policy.py: max_depth / max_bytes) use the same mark with a kind beside it, in the
-slot's reason words (written before the mark, read after it): ``MARK_FULL`` (its log cannot take more: refuse),
+slot's kind word (written before the mark, read after it): ``MARK_FULL`` (its log cannot take more: refuse),
 ``MARK_CHANNEL_FULL`` (a channel with ``overflow`` reject is at its limit: refuse, naming the channel and the
-limit) and ``MARK_BLOCKED`` (a channel with ``overflow`` block is at its limit: senders park the publish and hold
+limit, from a small table of reasons: REASON_SLOTS per worker, each holding its topic's crc, so a collision
+only loses the channel's name from the error) and ``MARK_BLOCKED`` (a channel with ``overflow`` block is at its limit: senders park the publish and hold
 its producer until the owner clears the mark). Whoever only asks ``topic_full`` (the compiled forward lane) sees
 any mark, and leaves the publish to Python, which asks ``mark_kind``.
 """
@@ -49,12 +51,13 @@ FULL_SLOTS = 256
 _FULL_MARK = 1 << 40
 MARK_FULL, MARK_CHANNEL_FULL, MARK_BLOCKED = 0, 1, 2
 LIMITS = ("max_depth", "max_bytes")   # the limit a channel mark names (its index in the reason word)
-REASON_WORDS = 10       # kind | name length << 8 | limit << 16, the limit's value, the channel's name (64 bytes)
-NAME_BYTES = 8 * (REASON_WORDS - 2)
+REASON_SLOTS = 32       # reasons of reject marks per worker (crc32 % REASON_SLOTS)
+REASON_WORDS = 11       # the topic's crc, name length | limit << 8, the limit's value, the channel's name (64 bytes)
+NAME_BYTES = 8 * (REASON_WORDS - 3)
 
 
 def nbytes(workers):
-    return LINE * (2 + workers) + 8 * FULL_SLOTS * workers * (1 + REASON_WORDS)
+    return LINE * (2 + workers) + 8 * workers * (2 * FULL_SLOTS + REASON_SLOTS * REASON_WORDS)
 
 
 class Control:
@@ -138,9 +141,12 @@ class Control:
     def _full_slot(self, w, crc):
         return (2 + self.workers) * LINE_WORDS + w * FULL_SLOTS + crc % FULL_SLOTS
 
+    def _kind_at(self, w, crc):
+        return self._full_slot(w, crc) + FULL_SLOTS * self.workers
+
     def _reason_at(self, w, crc):
-        return (2 + self.workers) * LINE_WORDS + FULL_SLOTS * self.workers + \
-            (w * FULL_SLOTS + crc % FULL_SLOTS) * REASON_WORDS
+        return (2 + self.workers) * LINE_WORDS + 2 * FULL_SLOTS * self.workers + \
+            (w * REASON_SLOTS + crc % REASON_SLOTS) * REASON_WORDS
 
     def set_topic_full(self, w, crc, full):
         """Worker w (the owner) marks or clears the topic whose name has this crc32."""
@@ -154,32 +160,36 @@ class Control:
             if int(self.w[i]) == _FULL_MARK | crc:
                 py_store_release(self.w, i, 0)
             return
-        r = self._reason_at(w, crc)
-        name = channel.encode()[:NAME_BYTES]
-        text = self.w[r + 2:r + REASON_WORDS].view(np.uint8)
-        text[:len(name)] = np.frombuffer(name, np.uint8)
-        self.w[r + 1] = value
-        py_store_release(self.w, r, kind | len(name) << 8 | limit << 16)
+        if kind == MARK_CHANNEL_FULL:
+            r = self._reason_at(w, crc)
+            name = channel.encode()[:NAME_BYTES]
+            self.w[r + 3:r + REASON_WORDS].view(np.uint8)[:len(name)] = np.frombuffer(name, np.uint8)
+            self.w[r + 1], self.w[r + 2] = len(name) | limit << 8, value
+            py_store_release(self.w, r, crc)
+        py_store_release(self.w, self._kind_at(w, crc), crc << 8 | kind)
         py_store_release(self.w, i, _FULL_MARK | crc)
 
     def mark_kind(self, w, crc):
         """The kind (MARK_*) of the topic's mark, or None when it has none."""
-        word = int(py_load_acquire(self.w, self._reason_at(w, crc)))
-        return (word & 0xFF) if self.topic_full(w, crc) else None
+        if not self.topic_full(w, crc):
+            return None
+        word = int(py_load_acquire(self.w, self._kind_at(w, crc)))
+        return word & 0xFF if word >> 8 == crc else MARK_FULL  # (a mark of an older layout: full)
 
     def refusal(self, w, crc, topic):
         """Why a publish to the marked ``topic`` is refused (nsqd's E_PUB_FAILED reason after 'PUB failed '), or
         None when it is not refused (no mark, or MARK_BLOCKED: the publish waits)."""
-        r = self._reason_at(w, crc)
-        word = int(py_load_acquire(self.w, r))
-        value = int(self.w[r + 1])
-        name = bytes(self.w[r + 2:r + REASON_WORDS].view(np.uint8)[:(word >> 8) & 0xFF]).decode(errors="replace")
-        if not self.topic_full(w, crc):
+        kind = self.mark_kind(w, crc)
+        if kind is None or kind == MARK_BLOCKED:
             return None
-        kind = word & 0xFF
-        if kind == MARK_CHANNEL_FULL:
-            return f"channel {topic}:{name} is full ({LIMITS[(word >> 16) & 1]} {value})"
-        return None if kind == MARK_BLOCKED else f"topic {topic} is full"
+        if kind == MARK_FULL:
+            return f"topic {topic} is full"
+        r = self._reason_at(w, crc)
+        lengths, value = int(self.w[r + 1]), int(self.w[r + 2])
+        name = bytes(self.w[r + 3:r + REASON_WORDS].view(np.uint8)[:lengths & 0xFF]).decode(errors="replace")
+        if int(py_load_acquire(self.w, r)) != crc:  # another topic's reason took the slot since
+            return f"channel of topic {topic} is full"
+        return f"channel {topic}:{name} is full ({LIMITS[(lengths >> 8) & 1]} {value})"
 
     def full_word(self, w, crc):
         """(index into ``self.w``, value it holds while the topic is full): ``topic_full`` for compiled code."""
