@@ -276,3 +276,13 @@ def test_a_sender_refuses_at_once_naming_the_channel_when_the_owner_says_reject(
     staged.add(s, 1, PubFailed, "PUB")
     assert str(s.errors[0]) == f"E_PUB_FAILED PUB failed channel {theirs}:c is full (max_depth 5)"
     assert w1.forwarder.drain_rings() == 0
+
+
+def test_dropped_messages_do_not_pin_the_log(bounded):
+    host, t, ch = bounded(max_depth=2, overflow="drop_oldest")
+    big = b"x" * (1 << 20)
+    for _ in range(40):  # five 8 MiB segments' worth, of which the channel keeps two messages
+        assert pub(t, big)
+    assert ch.depth() == 2 and ch.dropped_count == 38
+    host.refresh_low_water([t])  # the worker's reclaim pass: what no channel needs any more is freed
+    assert len(t.log.segments()) <= 2, t.log.segments()
