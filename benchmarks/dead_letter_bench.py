@@ -2,7 +2,8 @@
 cost per message of a TTL on the read path, policy off and on in the same run.
 
     python -m benchmarks.dead_letter_bench [--messages=100000] [--read-messages=200000] [--size=200]
-                                           [--workers=2] [--rounds=3] [--out=FILE]
+                                           [--workers=2] [--rounds=3] [--phases=req,ttl,read]
+                                           [--baseline-tree=DIR --baseline-commit=C] [--out=FILE]
 
 Each phase starts nsqd (port 0, a fresh data path, ``--workers``), creates the channels, publishes with pipelined
 MPUBs of 200 (each answered OK) and then:
@@ -20,9 +21,16 @@ MPUBs of 200 (each answered OK) and then:
   msgs/s and the brokers' CPU per message (user + system of their process tree, from /proc), median per mode,
   and the difference (``ttl_cost_us_per_msg``).
 
+``--baseline-tree=DIR`` adds ``ttl_read``'s two modes run by the broker of another checkout (DIR: a tree of the
+sources, e.g. ``git archive <commit> | tar -x -C DIR``, with symlinks ``DIR/nsqpy/{workers,ipc,http_api}`` to
+``DIR/{workers,ipc,http_api}`` as the installed layout maps them), interleaved with this tree's in the same run:
+``off_baseline`` and ``ttl_1h_baseline``, and ``ttl_cost_us_per_msg_baseline``.
+
+``--phases`` runs only the named phases (``req``: dead_letter_req, ``ttl``: dead_letter_ttl, ``read``: ttl_read).
 Prints one JSON line (with the git commit, core count and command).
 """
 import argparse
+import os
 import statistics
 import sys
 import tempfile
@@ -39,10 +47,22 @@ from nsqpy.protocol import client as C
 RDY = 2500
 
 
-def broker(data_path, workers, *flags):
-    return ListeningProcess([sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0",
-                             "--http-address=", f"--data-path={data_path}", f"--workers={workers}", *flags],
-                            stop_timeout=120.0).start()
+def broker(data_path, workers, *flags, tree=None):
+    """nsqd from this checkout, or from the sources in ``tree`` (``--baseline-tree``: run from there, first on
+    its path, so that it and its children import that tree's nsqpy)."""
+    argv = [sys.executable, "-m", "nsqpy.workers.processes.nsqd", "--tcp-address=127.0.0.1:0", "--http-address=",
+            f"--data-path={data_path}", f"--workers={workers}", *flags]
+    if tree is None:
+        return ListeningProcess(argv, stop_timeout=120.0).start()
+    saved = os.environ.get("PYTHONPATH")
+    os.environ["PYTHONPATH"] = tree
+    try:
+        return ListeningProcess(argv, cwd=tree, stop_timeout=120.0).start()
+    finally:
+        if saved is None:
+            del os.environ["PYTHONPATH"]
+        else:
+            os.environ["PYTHONPATH"] = saved
 
 
 def topic_apart(workers, prefix):
@@ -147,12 +167,15 @@ def dead_letter_ttl(base, opts):
 
 def ttl_read(base, opts):
     m = opts.read_messages
-    modes = {"off": (), "ttl_1h": ("--message-ttl=1h",)}
+    modes = {"off": ((), None), "ttl_1h": (("--message-ttl=1h",), None)}
+    if opts.baseline_tree:
+        ttl = ("--message-ttl=1h",)
+        modes.update(off_baseline=((), opts.baseline_tree), ttl_1h_baseline=(ttl, opts.baseline_tree))
     runs = {k: [] for k in modes}
     for r in range(opts.rounds):
-        for mode, flags in modes.items():
+        for mode, (flags, tree) in modes.items():
             with tempfile.TemporaryDirectory(dir=base) as data:
-                b = broker(data, opts.workers, *flags)
+                b = broker(data, opts.workers, *flags, tree=tree)
                 try:
                     make_channel(b.address, "read", "c")
                     publish(b.address, "read", m, opts.size)
@@ -167,8 +190,11 @@ def ttl_read(base, opts):
             log(f"ttl_read round {r + 1} {mode}: {m / s:,.0f} msgs/s, {cpu * 1e6 / m:.3f} us of server CPU per msg")
     med = {k: {f: statistics.median(x[f] for x in v) for f in ("msgs_per_s", "server_cpu_us_per_msg")}
            for k, v in runs.items()}
-    return {"messages": m, "runs": runs, "median": med,
-            "ttl_cost_us_per_msg": round(med["ttl_1h"]["server_cpu_us_per_msg"] - med["off"]["server_cpu_us_per_msg"], 3)}
+    out = {"messages": m, "runs": runs, "median": med}
+    for suffix in ("", "_baseline") if opts.baseline_tree else ("",):
+        cost = med["ttl_1h" + suffix]["server_cpu_us_per_msg"] - med["off" + suffix]["server_cpu_us_per_msg"]
+        out["ttl_cost_us_per_msg" + suffix] = round(cost, 3)
+    return out
 
 
 def main(argv=None):
@@ -178,17 +204,29 @@ def main(argv=None):
     p.add_argument("--size", type=int, default=200)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
+    p.add_argument("--phases", default="req,ttl,read", help="comma-separated: req, ttl, read")
+    p.add_argument("--baseline-tree", default="", help="also run ttl_read's modes by the nsqd of this source tree")
+    p.add_argument("--baseline-commit", default="", help="the commit --baseline-tree holds (recorded)")
     p.add_argument("--out", default="")
     opts = p.parse_args(argv)
+    phases = set(opts.phases.split(","))
+    if not phases <= {"req", "ttl", "read"}:
+        p.error(f"--phases: unknown {', '.join(sorted(phases - {'req', 'ttl', 'read'}))}")
     warm_up()
     result = dict(environment(), tool="dead_letter_bench", messages=opts.messages, size=opts.size,
-                  workers=opts.workers)
+                  workers=opts.workers, phases=sorted(phases))
+    if opts.baseline_tree:
+        result["baseline_tree"] = opts.baseline_tree
+        result["baseline_commit"] = opts.baseline_commit or "?"
     with tempfile.TemporaryDirectory(prefix="nsqpy-dead-letter-") as base:
-        result["dead_letter_req"] = dead_letter_req(base, opts)
-        log(f"dead-lettered {opts.messages} by REQ: {result['dead_letter_req']}")
-        result["dead_letter_ttl"] = dead_letter_ttl(base, opts)
-        log(f"dead-lettered {opts.messages} by TTL: {result['dead_letter_ttl']}")
-        result["ttl_read"] = ttl_read(base, opts)
+        if "req" in phases:
+            result["dead_letter_req"] = dead_letter_req(base, opts)
+            log(f"dead-lettered {opts.messages} by REQ: {result['dead_letter_req']}")
+        if "ttl" in phases:
+            result["dead_letter_ttl"] = dead_letter_ttl(base, opts)
+            log(f"dead-lettered {opts.messages} by TTL: {result['dead_letter_ttl']}")
+        if "read" in phases:
+            result["ttl_read"] = ttl_read(base, opts)
     emit(result, opts.out)
 
 

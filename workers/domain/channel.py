@@ -27,9 +27,11 @@ nsqpy's policies (``self.policy``, ``workers/domain/policy.py``; set by the owne
 consumer that went away goes to the dead-letter topic instead of back into the channel. ``message_ttl_ms``: a
 message older than that (its publish timestamp) when it comes up for delivery (read from the log, requeued, or due
 from the deferred store) is never delivered: it goes to the dead-letter topic when one is in effect, else it is
-dropped; both count in ``expired_count``, the moved ones in ``dead_lettered_count`` too. A TTL keeps the channel off
-the compiled rounds (``Policy.plain``), so the general path checks each round's timestamps with one array compare;
-max_attempts costs a slot read per REQ, timeout and disconnect only when it is set. A message being moved holds
+dropped; both count in ``expired_count``, the moved ones in ``dead_lettered_count`` too. A TTL channel keeps the
+compiled rounds: each round's words carry the TTL's cutoff, and the kernel stops before the first expired record it
+reads, which the next round leaves to the general path (it expires what it reads with one array compare); so a TTL
+that expires nothing costs a compare per record. A bound keeps the channel off the compiled rounds; max_attempts
+costs a slot read per REQ, timeout and disconnect only when it is set. A message being moved holds
 its in-flight slot, REQUEUED and in no queue, until its dead letter is committed (``_dead_letter``; the format, the
 crash marks and the parked publish's waiter: ``workers/domain/dead_letter.py``).
 
@@ -203,7 +205,7 @@ class Channel:
             cursor = log.cursor(self.ch)
             if cursor >= mark:
                 return self._deliver_came_back(s, budget, now, deadline, cursor)
-        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0 and self.policy.plain:
+        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0 and not self.policy.bounded:
             n = self._deliver_round(s, budget, now, deadline)
             if n >= 0:
                 return n
@@ -234,7 +236,7 @@ class Channel:
         keep = None
         stop = NO_STOP  # the first record that found no in-flight slot: the cursor stops there
         old = None
-        if self.policy.message_ttl_ms:  # (policy.plain is False: the compiled round left this channel to us)
+        if self.policy.message_ttl_ms:  # (the compiled round stops at an expired record and leaves it to us)
             old = b.timestamps[:n] < now - self.policy.message_ttl_ns
             if old.any():
                 stop = self._expire_read(s, pos[old], ids[old], att[old] - 1, now)
@@ -335,12 +337,15 @@ class Channel:
         """The usual round from the cursor in one compiled call (``kernels.deliver_round``: read, in-flight slots,
         cursor, frames, and their send when nothing is queued before them); -> messages delivered, or < 0 for a
         round it leaves to the general path (a deferred record, too few free slots, a round bigger than the
-        worker's frame buffer), which reads again."""
+        worker's frame buffer, a first record past the TTL), which reads again. With a TTL the round stops before
+        the first expired record: the next round finds it first and leaves it to the general path, which expires
+        it (``_deliver_read``)."""
         w = self.worker
         log, table, out, suspect = self.topic.log, w.inflight, w.round_buffer, w.suspect
         win = log.window
+        ttl = self.policy.message_ttl_ns
         rd = round_words(self.ch, budget, MAX_ROUND_BYTES, now, deadline, self.topic.index, self.key, s.conn_id,
-                         suspect.base, w.direct_fd(s), self._round)
+                         suspect.base, w.direct_fd(s), now - ttl if ttl else 0, self._round)
         n, end, sent = deliver_round(log.ctrl, win.data, win.data64, table.ctl, table.slots, table.index, rd,
                                      log.read_block(budget), self._slots, out, suspect.w)
         if n > 0:

@@ -15,7 +15,7 @@ from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.ipc import sysio as S
 from nsqpy.workers.storage.poison import COUNT, DELIVERY, KEY, KIND, POS, TOPIC
 from nsqpy.workers.lane.words import (RD_BUDGET, RD_CH, RD_CONN, RD_DEADLINE, RD_FD, RD_KEY, RD_MAX_BYTES, RD_NOW,
-                                      RD_TOPIC, RD_WBASE, ROUND_WORDS)
+                                      RD_TOPIC, RD_TTL_CUTOFF, RD_WBASE, ROUND_WORDS)
 
 GENERAL = -1   # deliver_round did nothing: the round needs the general path (Channel._deliver_to)
 
@@ -66,12 +66,14 @@ def waiting_positions(slots, which, out_pos):
         out_pos[i] = slots[b + S_LOG_POS] if state == REQUEUED or state == DEFERRED else -1
 
 
-def round_words(ch, budget, max_bytes, now, deadline, topic, key, conn, wbase, fd, rd=None):
-    """``deliver_round``'s round words (words.py: RD_*), into ``rd`` when given (a caller's own block)."""
+def round_words(ch, budget, max_bytes, now, deadline, topic, key, conn, wbase, fd, ttl_cutoff=0, rd=None):
+    """``deliver_round``'s round words (words.py: RD_*), into ``rd`` when given (a caller's own block);
+    ``ttl_cutoff``: the publish timestamp (ns) before which a record has expired, 0 for a channel without a TTL."""
     if rd is None:
         rd = np.empty(ROUND_WORDS, np.int64)
     rd[RD_CH], rd[RD_BUDGET], rd[RD_MAX_BYTES], rd[RD_NOW], rd[RD_DEADLINE] = ch, budget, max_bytes, now, deadline
     rd[RD_TOPIC], rd[RD_KEY], rd[RD_CONN], rd[RD_WBASE], rd[RD_FD] = topic, key, conn, wbase, fd
+    rd[RD_TTL_CUTOFF] = ttl_cutoff
     return rd
 
 
@@ -96,8 +98,11 @@ def deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd, c
     It does all of it or nothing: (GENERAL, 0, 0) when a record read is deferred (its not-before lies after
     ``now``), the table has fewer free slots than records read (the general path grows it or stops the cursor
     at the first without one), or the frames do not fit ``out``, and (NO_CHANNEL, 0, 0) for a channel not open.
-    The general path then reads again and takes the case. A record whose message already has a slot (re-read
-    after a crash) is passed over, as the general path does. The attempts row receives each delivered record's
+    The general path then reads again and takes the case. With a TTL (RD_TTL_CUTOFF > 0) a record published
+    before the cutoff has expired: the round stops before the first such record (those before it are delivered,
+    the cursor stops at it), or is GENERAL when it is the first, so that the general path expires it (drops it or
+    moves it to the dead-letter topic: ``Channel._deliver_read``); the records after it wait for the next round.
+    A record whose message already has a slot (re-read after a crash) is passed over, as the general path does. The attempts row receives each delivered record's
     attempts (stored + 1) next to its position in the positions row."""
     ch, budget, max_bytes, now, deadline = rd[RD_CH], rd[RD_BUDGET], rd[RD_MAX_BYTES], rd[RD_NOW], rd[RD_DEADLINE]
     topic, key, conn, wbase, fd = rd[RD_TOPIC], rd[RD_KEY], rd[RD_CONN], rd[RD_WBASE], rd[RD_FD]
@@ -108,6 +113,14 @@ def deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd, c
                                   ids, nb, att)
     if n <= 0:
         return n, 0, 0
+    cutoff = rd[RD_TTL_CUTOFF]
+    if cutoff > 0:
+        for i in range(n):
+            if ts[i] < cutoff:  # expired: the general path's, and the cursor stops at it
+                if i == 0:
+                    return GENERAL, 0, 0
+                n, nxt = i, pos[i]
+                break
     if latest > now or table_slots.shape[0] // SLOT_WORDS - table_ctl[C_N_LIVE] < n or \
             FRAME_OVERHEAD + lens[0] > out.shape[0]:
         return GENERAL, 0, 0
@@ -149,7 +162,7 @@ def warm_up(prefix):
         table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)
         win, words = log.window, np.zeros(16, np.int64)
         now = time.time_ns()
-        rd = round_words(ch, 8, 1 << 20, now, now + 10**9, 1, 1, 5, 0, -1)
+        rd = round_words(ch, 8, 1 << 20, now, now + 10**9, 1, 1, 5, 0, -1, now - 10**9)
         deliver_round(log.ctrl, win.data, win.data64, table.ctl, table.slots, table.index, rd, log.read_block(8),
                       np.empty(8, np.int64), np.empty(1024, np.uint8), words)
     table = InFlightTable.create(bytearray(inflight_nbytes(64)), 0, 64)

@@ -23,8 +23,9 @@ every channel a row did not cover.
 Arming is all or nothing, and Python decides it with everything in view, at the one moment nothing else runs:
 the loop is about to block, so nothing changes between ``arm`` and the lane's read. A topic is not armed (the
 Python path takes it, as before) when any of these holds: it is durable (``--mem-queue-size=0``: its OKs wait
-for ``--sync-every``), marked full, deleted, or storage is failing; any channel has a TTL or a bound
-(``Policy.plain`` is false: workers/domain/policy.py; they are checked per message in Python); a channel with consumers has anything waiting
+for ``--sync-every``), marked full, deleted, or storage is failing; any channel has a bound
+(``Policy.bounded``: workers/domain/policy.py; checked on the publish side in Python; a TTL channel is armed, its
+row carrying the TTL for the round's cutoff); a channel with consumers has anything waiting
 (messages ahead of its cursor, requeued or due ones) or is in careful rounds (``workers/storage/poison.py``); the
 consumer whose turn it is samples, has output queued or is closing; there are more than MAX_ROWS such channels;
 compiled rounds are off (``--crash-on-body``); publishes forwarded by other workers wait in our rings. The
@@ -61,7 +62,7 @@ from nsqpy.workers.lane.words import (A_IDS, A_NB, A_POS, A_TS, CN_OTHER, DATA, 
                                       OW_WBASE, OW_WORDS, READ_AT, ROW, ROWS_AT, RW_CH, RW_CONN, RW_DEADLINE, RW_END,
                                       RW_FD, RW_FINS, RW_FREE, RW_GOT, RW_KEY, RW_SENT, RW_TIMEOUT, SLOTS_AT, ST_LEN,
                                       ST_OFF, RD_AT, RD_BUDGET, RD_CH, RD_CONN, RD_DEADLINE, RD_FD, RD_KEY,
-                                      RD_MAX_BYTES, RD_NOW, RD_TOPIC, RD_WBASE, ROUND_WORDS)
+                                      RD_MAX_BYTES, RD_NOW, RD_TOPIC, RD_TTL_CUTOFF, RD_WBASE, ROUND_WORDS, RW_TTL)
 from nsqpy.workers.domain.session import FIN_LINE  # the one form of FIN the lane takes, as Session.on_data
 
 WORDS = OW_WORDS  # the own path's words (words.py: OW_*, RW_*, A_*, FN_*)
@@ -102,6 +103,8 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
             ow[b + RW_CH], budget, MAX_ROUND_BYTES, now, deadline
         rd[RD_TOPIC], rd[RD_KEY], rd[RD_CONN], rd[RD_WBASE], rd[RD_FD] = \
             ow[OW_TOPIC_INDEX], ow[b + RW_KEY], ow[b + RW_CONN], ow[OW_WBASE], ow[b + RW_FD]
+        ttl = ow[b + RW_TTL]  # (a TTL channel's round stops at an expired record, as Channel._deliver_round's)
+        rd[RD_TTL_CUTOFF] = now - ttl if ttl > 0 else 0
         got, end, sent = deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd,
                                        ow[READ_AT:READ_AT + 7 * MAX_N].reshape((7, MAX_N)), slots, out, words)
         ow[b + RW_GOT] = got
@@ -210,6 +213,7 @@ class OwnPath:
             ow[b + RW_CH], ow[b + RW_KEY], ow[b + RW_CONN], ow[b + RW_FD] = ch.ch, ch.key, s.conn_id, s.fd
             ow[b + RW_FREE], ow[b + RW_TIMEOUT] = free, s.settings.msg_timeout_ms * 1_000_000
             ow[b + RW_FINS] = s.fin_fast_path(ch)
+            ow[b + RW_TTL] = ch.policy.message_ttl_ns
         ow[OW_FINS] = 0
         ow[OW_ARMED] = 1
         self.armed = t
@@ -227,8 +231,8 @@ class OwnPath:
             return None
         rows, fins_only = [], []
         for ch in t.channels.values():
-            if not ch.policy.plain:
-                return None  # a TTL or a bound is checked per message in Python (workers/domain/policy.py)
+            if ch.policy.bounded:
+                return None  # a bound is checked per publish in Python (workers/domain/policy.py)
             if not ch.delivering():
                 continue  # nothing to deliver to now: the message waits in the log, as after Topic.append
             if ch.has_messages() or w.suspect.careful_rounds(ch.key):

@@ -54,11 +54,12 @@ Blocks (shape, dtype; writer -> readers):
     OW_WBASE        the worker's suspect words' base (``workers/storage/poison.py``)
     OW_FINS         FINs the lane took (``own_fin`` counts up; ``OwnPath.fins_done`` reads and clears it)
     MAX_ROWS rows of ROW words from ROWS_AT, one per armed channel: written by ``arm`` (RW_CH .. RW_TIMEOUT,
-    RW_FINS), ``own_publish`` (RW_GOT .. RW_DEADLINE), ``own_fin`` (RW_FREE += 1); read by the kernels and
+    RW_FINS, RW_TTL), ``own_publish`` (RW_GOT .. RW_DEADLINE), ``own_fin`` (RW_FREE += 1); read by the kernels and
     ``OwnPath.done`` / ``fins_done``:
     RW_CH, RW_KEY   the channel's log slot and key     RW_CONN, RW_FD  its consumer's connection id and socket
     RW_FREE         the consumer's free RDY (0 or less: the row is armed for its FINs only)
     RW_TIMEOUT      its message timeout, ns            RW_FINS  1 when the lane may take its FINs
+    RW_TTL          the channel's message TTL, ns (0: none; the round's RD_TTL_CUTOFF is the read's time minus it)
     RW_GOT, RW_END, RW_SENT, RW_DEADLINE   the row's round: messages delivered, end of its frames in the round
                     buffer, bytes of them sent, the round's deadline
     Scratch of ``own_publish``: A_TS, A_IDS, A_NB (MAX_N each: the append's timestamps, IDs, not-befores; A_POS
@@ -96,8 +97,8 @@ MAX_N = 16       # messages (PUBs, MPUBs) one read may stage for the kernel to t
 MAX_FINS = 64    # FINs the lane may take before Python applies them
 OW_ARMED, OW_T, OW_NODE, OW_TICK, OW_SEQ, OW_ROWS, OW_TOPIC_INDEX, OW_WBASE, OW_FINS = range(9)
 HEAD = 9
-RW_CH, RW_KEY, RW_CONN, RW_FD, RW_FREE, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE, RW_FINS = range(11)
-ROW = 11
+RW_CH, RW_KEY, RW_CONN, RW_FD, RW_FREE, RW_TIMEOUT, RW_GOT, RW_END, RW_SENT, RW_DEADLINE, RW_FINS, RW_TTL = range(12)
+ROW = 12
 ROWS_AT = HEAD
 A_TS = ROWS_AT + MAX_ROWS * ROW
 A_IDS, A_NB, A_POS = A_TS + MAX_N, A_TS + 2 * MAX_N, A_TS + 3 * MAX_N   # A_POS: an empty slice (no positions)
@@ -107,7 +108,7 @@ FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N
 FN_SLOT = FN_ROW + MAX_FINS
 FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2
 RD_AT = FN_FREED + 1  # the round words (RD_*, below) of the row ``own_publish`` delivers to
-OW_WORDS = RD_AT + 10
+OW_WORDS = RD_AT + 11
 
 # counts (the pump's words): after one read's totals (CN_*), the pump's settings, written by ``Pump.__init__``,
 # read by ``pump._read``, ``_settle_and_send`` and ``fastlane.serve``
@@ -174,6 +175,9 @@ RG_ROWS = 4
 #   RD_TOPIC, RD_KEY, RD_CONN   the topic's index, the channel's key and the consumer's connection (slots name them)
 #   RD_WBASE         the worker's suspect words' base (``workers/storage/poison.py``)
 #   RD_FD            the consumer's socket, or -1: frame only (output is queued before them)
-RD_CH, RD_BUDGET, RD_MAX_BYTES, RD_NOW, RD_DEADLINE, RD_TOPIC, RD_KEY, RD_CONN, RD_WBASE, RD_FD = range(10)
-ROUND_WORDS = 10
+#   RD_TTL_CUTOFF    the channel's TTL as a publish timestamp (ns): a record published before it has expired, and
+#                    the round stops before it (the general path expires it); 0: the channel has no TTL
+(RD_CH, RD_BUDGET, RD_MAX_BYTES, RD_NOW, RD_DEADLINE, RD_TOPIC, RD_KEY, RD_CONN, RD_WBASE, RD_FD,
+ RD_TTL_CUTOFF) = range(11)
+ROUND_WORDS = 11
 assert OW_WORDS == RD_AT + ROUND_WORDS
