@@ -109,7 +109,7 @@ def test_a_publish_acknowledged_elsewhere_is_appended_over_the_limit(bounded):
 
 def test_reject_by_max_bytes_counts_record_bytes(bounded):
     body = b"x" * 100
-    per = bounds.record_bytes(np.array([len(body)], np.int64))
+    per = bounds.stored_bytes(np.array([len(body)], np.int64))
     assert per == 152  # 48-byte header + 100, rounded up to 8
     host, t, ch = bounded(max_bytes=3 * per, overflow="reject")
     assert pub(t, body, body) and pub(t, body)
@@ -146,7 +146,7 @@ def test_drop_oldest_keeps_the_newest_and_counts_each_drop(bounded):
 
 
 def test_drop_oldest_by_bytes(bounded):
-    per = bounds.record_bytes(np.array([8], np.int64))
+    per = bounds.stored_bytes(np.array([8], np.int64))
     host, t, ch = bounded(max_bytes=2 * per, overflow="drop_oldest")
     pub(t, *[b"%08d" % i for i in range(5)])
     assert waiting(t, ch) == [b"00000003", b"00000004"] and ch.dropped_count == 3

@@ -8,7 +8,7 @@ Theory of operation
   deferred). Its bytes are the log's bytes between its cursor and the head (``channel_bytes``): records with their
   48-byte headers, rounded to 8, in memory and on disk alike; an estimate, since it also counts other channels'
   private copies and a segment's tail padding in that span, and not the requeued or due messages (they count in the
-  depth only). A publish of n messages needs n in depth and ``record_bytes`` of its bodies in bytes.
+  depth only). A publish of n messages needs n in depth and ``stored_bytes`` of its bodies in bytes.
 * **reject**: a publish (not yet acknowledged) that would take a channel over its limit is refused whole
   (``ChannelFull``: ``PUB failed channel T:C is full (max_depth N)``). **block**: such a publish raises
   ``ChannelBlocked``; the caller parks it and holds its producer until the channel has room (a channel with
@@ -46,7 +46,7 @@ def overflow_of(ch):
     return ch.policy.overflow
 
 
-def record_bytes(lengths):
+def stored_bytes(lengths):
     """Log bytes of messages with these body lengths (int64 array): headers included, rounded up to 8."""
     if len(lengths) == 1:
         return (HDR + int(lengths[0]) + 7) & ~7
@@ -76,7 +76,7 @@ def admit(topic, n, lengths):
     """None when a publish of n messages (body lengths ``lengths``) fits every reject and block channel of topic;
     else ("reject", reason) for the first reject channel it would take over its limit, or ("block", reason) for
     the first block channel it would that has messages waiting."""
-    need = record_bytes(lengths) if any(ch.policy.max_bytes for ch in topic.bounded) else 0
+    need = stored_bytes(lengths) if any(ch.policy.max_bytes for ch in topic.bounded) else 0
     blocked = None
     for ch in topic.bounded:
         mode = overflow_of(ch)
