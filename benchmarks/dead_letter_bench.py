@@ -2,7 +2,7 @@
 cost per message of a TTL on the read path, policy off and on in the same run.
 
     python -m benchmarks.dead_letter_bench [--messages=100000] [--read-messages=200000] [--size=200]
-                                           [--workers=2] [--rounds=3] [--phases=req,ttl,read]
+                                           [--workers=2] [--rounds=3] [--read-rdy=2500] [--phases=req,ttl,read]
                                            [--baseline-tree=DIR --baseline-commit=C] [--out=FILE]
 
 Each phase starts nsqd (port 0, a fresh data path, ``--workers``), creates the channels, publishes with pipelined
@@ -17,9 +17,10 @@ MPUBs of 200 (each answered OK) and then:
   past the TTL, then a consumer's RDY: every one expires into the dead-letter topic (one publish per delivery
   round); time to the N-th dead letter received;
 * ``ttl_read``: brokers without a policy and with ``--message-ttl=1h`` (a TTL that never expires: only the check's
-  cost), interleaved over ``--rounds``: ``--read-messages`` preloaded, then read with RDY 2500 and FIN each;
-  msgs/s and the brokers' CPU per message (user + system of their process tree, from /proc), median per mode,
-  and the difference (``ttl_cost_us_per_msg``).
+  cost), interleaved over ``--rounds``: ``--read-messages`` preloaded, then read with RDY ``--read-rdy`` (2500)
+  and FIN each (a small RDY makes rounds small: what a round costs beyond its messages shows); msgs/s and the
+  brokers' CPU per message (user + system of their process tree, from /proc), median and best (most msgs/s, least
+  CPU: on a loaded machine the least disturbed run) per mode, and the medians' difference (``ttl_cost_us_per_msg``).
 
 ``--baseline-tree=DIR`` adds ``ttl_read``'s two modes run by the broker of another checkout (DIR: a tree of the
 sources, e.g. ``git archive <commit> | tar -x -C DIR``, with symlinks ``DIR/nsqpy/{workers,ipc,http_api}`` to
@@ -87,11 +88,11 @@ def publish(address, topic, n, size):
     conn.close()
 
 
-def consume(address, topic, channel, n, answer=fin_lines, stop=None, timeout=600.0):
+def consume(address, topic, channel, n, answer=fin_lines, stop=None, timeout=600.0, rdy=RDY):
     """Receive n messages (or until ``stop`` is set), answering each batch with ``answer``'s lines; -> (count,
     seconds from RDY to the last one)."""
     conn = Connection(address, timeout=60)
-    conn.subscribe(topic, channel, RDY)
+    conn.subscribe(topic, channel, rdy)
     stream = MessageStream(conn)
     t0 = time.monotonic()
     got, last = 0, t0
@@ -181,7 +182,7 @@ def ttl_read(base, opts):
                     publish(b.address, "read", m, opts.size)
                     pids = process_tree(b.proc.pid)
                     before = cpu_seconds(pids)
-                    got, s = consume(b.address, "read", "c", m)
+                    got, s = consume(b.address, "read", "c", m, rdy=opts.read_rdy)
                     after = cpu_seconds(pids)
                 finally:
                     b.stop()
@@ -190,7 +191,9 @@ def ttl_read(base, opts):
             log(f"ttl_read round {r + 1} {mode}: {m / s:,.0f} msgs/s, {cpu * 1e6 / m:.3f} us of server CPU per msg")
     med = {k: {f: statistics.median(x[f] for x in v) for f in ("msgs_per_s", "server_cpu_us_per_msg")}
            for k, v in runs.items()}
-    out = {"messages": m, "runs": runs, "median": med}
+    best = {k: {"msgs_per_s": max(x["msgs_per_s"] for x in v),
+                "server_cpu_us_per_msg": min(x["server_cpu_us_per_msg"] for x in v)} for k, v in runs.items()}
+    out = {"messages": m, "rdy": opts.read_rdy, "runs": runs, "median": med, "best": best}
     for suffix in ("", "_baseline") if opts.baseline_tree else ("",):
         cost = med["ttl_1h" + suffix]["server_cpu_us_per_msg"] - med["off" + suffix]["server_cpu_us_per_msg"]
         out["ttl_cost_us_per_msg" + suffix] = round(cost, 3)
@@ -201,6 +204,7 @@ def main(argv=None):
     p = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     p.add_argument("--messages", type=int, default=100_000, help="messages to dead-letter per phase")
     p.add_argument("--read-messages", type=int, default=200_000)
+    p.add_argument("--read-rdy", type=int, default=RDY, help="ttl_read's consumer's RDY")
     p.add_argument("--size", type=int, default=200)
     p.add_argument("--workers", type=int, default=2)
     p.add_argument("--rounds", type=int, default=3)
