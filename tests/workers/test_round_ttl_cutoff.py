@@ -149,12 +149,15 @@ def test_expired_first_records_go_to_the_dead_letter_topic_then_fresh_ones_are_d
     assert all(worker.inflight.slot(x).state == IF.IN_FLIGHT for x in worker.inflight.iter_conn(1).tolist())
 
 
-def test_a_bounded_channel_stays_off_the_compiled_round(setup):
+def test_a_bounded_channel_keeps_the_compiled_round(setup):
+    """A bound is checked at publish (workers/domain/bounds.py), never at delivery."""
     worker, log, ch = ttl_channel(setup, Policy(max_depth=1000))
     bodies = old_and_fresh(log, "fff")
     s = consumer(ch)
     drain(ch)
-    assert s.received == bodies and worker.compiled_frames == 0 and worker.general_frames == 3
+    assert s.received == bodies
+    if worker.round_buffer is not None:
+        assert worker.compiled_frames == 3 and worker.general_frames == 0
 
 
 # ---- the own path ------------------------------------------------------------------------------------------------

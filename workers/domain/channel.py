@@ -30,7 +30,7 @@ from the deferred store) is never delivered: it goes to the dead-letter topic wh
 dropped; both count in ``expired_count``, the moved ones in ``dead_lettered_count`` too. A TTL channel keeps the
 compiled rounds: each round's words carry the TTL's cutoff, and the kernel stops before the first expired record it
 reads, which the next round leaves to the general path (it expires what it reads with one array compare); so a TTL
-that expires nothing costs a compare per record. A bound keeps the channel off the compiled rounds; max_attempts
+that expires nothing costs a compare per record. A bound is a publish-side check (``workers/domain/bounds.py``) and costs delivery nothing; max_attempts
 costs a slot read per REQ, timeout and disconnect only when it is set. A message being moved holds
 its in-flight slot, REQUEUED and in no queue, until its dead letter is committed (``_dead_letter``; the format, the
 crash marks and the parked publish's waiter: ``workers/domain/dead_letter.py``).
@@ -205,7 +205,7 @@ class Channel:
             cursor = log.cursor(self.ch)
             if cursor >= mark:
                 return self._deliver_came_back(s, budget, now, deadline, cursor)
-        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0 and not self.policy.bounded:
+        elif self.worker.round_buffer is not None and s.settings.sample_rate <= 0:
             n = self._deliver_round(s, budget, now, deadline)
             if n >= 0:
                 return n

@@ -54,13 +54,9 @@ class Policy:
 
     @property
     def bounded(self):
+        """A depth or byte bound: checked at publish (workers/domain/bounds.py), so the lane's own path, which
+        appends in compiled code, does not arm the topic; a TTL is checked in the compiled round itself."""
         return self.max_depth > 0 or self.max_bytes > 0
-
-    @property
-    def plain(self):
-        """True when no policy needs a per-message check on the delivery or publish paths, so the compiled fast
-        paths (``kernels.deliver_round``, the lane's own path) may serve the channel as they do today."""
-        return self.message_ttl_ms == 0 and not self.bounded
 
     def to_json(self):
         return dataclasses.asdict(self)
