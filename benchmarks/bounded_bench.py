@@ -1,6 +1,7 @@
-"""What a bounded channel costs on the write path (issue 49): MPUB write cost per message with no bound, with a
-bound that is never reached (``--max-channel-depth`` far above what is published: only the checks), and with
-``--channel-overflow=drop_oldest`` at its limit (every MPUB drops as many messages as it adds), in the same run.
+"""What issue 49's policies cost on the write path: MPUB write cost per message with no policy, with a bound that
+is never reached (``--max-channel-depth`` far above what is published: only the checks), with
+``--channel-overflow=drop_oldest`` at its limit (every MPUB drops as many messages as it adds), and with
+``--max-attempts`` and ``--message-ttl`` on (nothing of theirs runs at publish: the control), in the same run.
 
     python -m benchmarks.bounded_bench [--messages=500000] [--size=200] [--workers=2] [--rounds=3]
                                        [--drop-depth=100000] [--out=FILE]
@@ -26,7 +27,9 @@ from benchmarks.wire import warm_up
 def modes(opts):
     return {"off": (),
             "bound_not_reached": (f"--max-channel-depth={10 * opts.messages}", "--channel-overflow=reject"),
-            "drop_oldest_at_limit": (f"--max-channel-depth={opts.drop_depth}", "--channel-overflow=drop_oldest")}
+            "drop_oldest_at_limit": (f"--max-channel-depth={opts.drop_depth}", "--channel-overflow=drop_oldest"),
+            "max_attempts": ("--max-attempts=5",),
+            "ttl": ("--message-ttl=1h",)}
 
 
 def write_round(base, opts, flags):
