@@ -277,6 +277,7 @@ class FakeTopicHost(FakeWorker):
         self.low_water = []     # refresh_low_water calls (lists of topics)
         self.deleted = []       # delete_topic names
         self.synced = []        # appended(topic, n) calls of durable topics
+        self.watched = set()    # topics whose channel mark is watched (watch_limits)
         self.policies = {}      # (topic, channel) -> the Policy channel_policy gives a new channel
 
     def storage_failed(self, what, exc):
@@ -305,6 +306,9 @@ class FakeTopicHost(FakeWorker):
 
     def appended(self, topic, n):
         self.synced.append((topic.name, n))
+
+    def watch_limits(self, topic):
+        self.watched.add(topic)
 
 
 # ---- a session's host (hosts.SessionHost) -----------------------------------------------------------------------

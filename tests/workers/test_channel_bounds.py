@@ -286,3 +286,17 @@ def test_dropped_messages_do_not_pin_the_log(bounded):
     assert ch.depth() == 2 and ch.dropped_count == 38
     host.refresh_low_water([t])  # the worker's reclaim pass: what no channel needs any more is freed
     assert len(t.log.segments()) <= 2, t.log.segments()
+
+
+@pytest.mark.parametrize("overflow, kind", [("reject", MARK_CHANNEL_FULL), ("block", MARK_BLOCKED)])
+def test_a_channel_at_its_limit_when_its_policy_comes_is_marked_and_watched_at_once(bounded, overflow, kind):
+    """A new channel takes the topic's backlog, and a limit can be lowered under what a channel holds: the mark
+    other workers read is set then, not only by the next append (a publish forwarded before it would be taken)."""
+    host, t, ch = bounded()  # no bound yet
+    pub(t, b"a", b"b")
+    assert mark(host, t)[0] is None and not host.watched
+    ch.policy = Policy(max_depth=2, overflow=overflow)
+    t.policy_changed()
+    assert mark(host, t)[0] == kind and host.watched == {t}
+    consume(t, ch, 1)
+    assert t.check_limits() is None and mark(host, t)[0] is None

@@ -216,6 +216,8 @@ class TopicHost(ChannelHost, Protocol):
 
     def appended(self, topic: Any, n: int) -> None: ...
 
+    def watch_limits(self, topic: Any) -> None: ...   # a channel mark to clear once the channel drains (bounds.py)
+
 
 class SessionHost(Protocol):
     """Every worker service a ``Session`` uses (``workers/domain/session.py``, with its AUTH mixin

@@ -247,13 +247,15 @@ class Topic:
 
     def policy_changed(self):
         """Some channel's ``policy`` was set (or a channel came or went): which channels are bounded, trimmed to
-        their new limits, and the mark cleared if no channel is at its limit any more (a mark is only set by a
-        publish, whose worker watches it: ``Forwarder``)."""
+        their new limits, and the mark set or cleared for what they hold now (a set mark is watched by the
+        ``Forwarder``, which clears it once the channel drains: ``watch_limits``)."""
         self.bounded = tuple(ch for ch in self.channels.values() if ch.policy.bounded)
         if self.bounded:
             bounds.trim(self)
-        if self.limited is not None:
-            self.check_limits()
+        if (self.bounded or self.limited is not None) and self.check_limits() is not None:
+            # at its limit already (a new channel took the backlog, or a lower limit): marked now, so that other
+            # workers refuse or park the next publish as after an append, and watched until it can be cleared
+            self.worker.watch_limits(self)
 
     def check_limits(self):
         """Publish the channel mark the topic should carry now for the other workers (refuse or park its publishes);

@@ -180,6 +180,7 @@ class Worker:
         self.pub_in = self.forwarder.pub_in
         self.pub_pending = self.forwarder.pub_pending
         self.pub_out = self.forwarder.pub_out
+        self.watch_limits = self.forwarder.watch
         self.appended = self.sync.appended
         self.sync_now = self.sync.sync_now
         self.refresh_low_water = self.log_space.refresh_low_water

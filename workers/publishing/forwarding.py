@@ -250,7 +250,7 @@ class Forwarder:
             ok = self._hold_back(owner, topic, t.crc, payload, lengths.copy())
         finally:
             if t.limited is not None:
-                self._watch(t)
+                self.watch(t)
         if lone:
             self.deliver_now()
         return ok
@@ -320,7 +320,7 @@ class Forwarder:
             self._parked_poll = self.loop.call_later(PARKED_POLL, self._poll_parked)
         return p
 
-    def _watch(self, t):
+    def watch(self, t):
         """t (ours) carries a channel mark: watch it until it can be cleared (``_retry_blocked``)."""
         if t not in self.watched:
             self.watched.add(t)
@@ -375,7 +375,7 @@ class Forwarder:
                 ok = t.append(p.payload, offsets, lengths, ts, defer_ms)
             finally:
                 if t.limited is not None:
-                    self._watch(t)
+                    self.watch(t)
         except ChannelBlocked:
             return None
         except StorageError as e:
@@ -591,7 +591,7 @@ class Forwarder:
         t = self.topics.get_topic(topic)
         ok = t.append(payload, offsets, lengths, ts, defer_ms, acknowledged=True)
         if t.limited is not None:
-            self._watch(t)
+            self.watch(t)
         return ok
 
     def _on_command(self, payload):
@@ -695,7 +695,7 @@ class Forwarder:
             t = self.topics.get_topic(topic)
             ok = t.append(data, m_offs, m_lens, m_ts, acknowledged=True)
             if t.limited is not None:
-                self._watch(t)
+                self.watch(t)
         except StorageError:
             ok = False
         if not ok:
