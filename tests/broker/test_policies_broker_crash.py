@@ -54,6 +54,7 @@ def _serve_reconnecting(connect, until, deadline):
             c.close()
 
 
+@pytest.mark.soak  # intermittent (a real loss, below) and ~200 s: run with -m soak until it is fixed
 @pytest.mark.xfail(strict=False, reason="intermittent loss (2 of 15 runs, 3 and 10 messages, all REQ'd at their 3rd "
                    "attempt before the crash, i.e. their dead letter under way): probable cause, the recovery child "
                    "of the source worker dead-letters the marked slots (Channel.recover_held -> doomed) in Worker.stop's "
