@@ -54,13 +54,6 @@ def _serve_reconnecting(connect, until, deadline):
             c.close()
 
 
-@pytest.mark.soak  # intermittent (a real loss, below) and ~200 s: run with -m soak until it is fixed
-@pytest.mark.xfail(strict=False, reason="intermittent loss (2 of 15 runs, 3 and 10 messages, all REQ'd at their 3rd "
-                   "attempt before the crash, i.e. their dead letter under way): probable cause, the recovery child "
-                   "of the source worker dead-letters the marked slots (Channel.recover_held -> doomed) in Worker.stop's "
-                   "_quiesce/_idle, after it set itself quiesced, committing them to the dead-letter topic owner's "
-                   "ring and releasing the slots, while that owner's child may already have drained its rings and "
-                   "saved: the ring's contents are then removed with the old segments. Not strict: it passes most runs")
 def test_max_attempts_dead_letters_survive_a_whole_broker_sigkill(nsqd_factory):
     """Messages i % 3 == 0 are FINed at their first delivery, the others REQ'd at every delivery (dead-lettered at
     their 3rd); the broker is SIGKILLed once some are dead-lettered and others are mid-way. After the restart every
@@ -136,11 +129,6 @@ def test_max_attempts_dead_letters_survive_a_whole_broker_sigkill(nsqd_factory):
           f"{len(fourth)} delivered a 4th time after the restart")
 
 
-@pytest.mark.xfail(strict=True, reason="a message in flight at its last attempt when the whole broker dies is saved "
-                   "by the recovery as an ordinary message with its attempts (clean_stop._save_channel) and delivered "
-                   "again (attempt 4 of 3) by the new instance, dead-lettered only at that delivery's REQ or timeout; "
-                   "dooming it in Channel.recover_held is not enough: the recovery children's dead-letter publishes "
-                   "during the stop then race the dead-letter topic owner's save, and messages are lost")
 def test_a_message_in_flight_at_its_last_attempt_is_not_delivered_again_after_a_whole_broker_sigkill(nsqd_factory):
     """Delivered 3 times (REQ'd twice), held in flight at the 3rd when the broker is SIGKILLed: its consumer went
     away, as at a disconnect (``Channel.requeue_conn``), so it is dead, and the new instance sends it to the
@@ -215,7 +203,7 @@ def test_ttl_expires_across_a_whole_broker_sigkill(nsqd_factory, dead_letter):
 
 def _refused_everywhere(nsqd, topic, owner_first=True):
     """One more PUB from a producer on each worker is refused, the owner's first by default (its refusal marks the
-    topic for the other workers, if it was not marked yet: see the xfail test below)."""
+    topic for the other workers, if it was not marked yet: the test below)."""
     why = f"channel {topic}:c is full (max_depth {LIMIT})"
     conns = producers(nsqd)
     mine = f"worker {zlib.crc32(topic.encode()) % 2}"
@@ -276,11 +264,6 @@ def test_bounded_channels_hold_across_a_whole_broker_sigkill(nsqd_factory, overf
         c.close()
 
 
-@pytest.mark.xfail(strict=True, reason="a reject channel loaded at its limit (after a whole-broker SIGKILL; the same load "
-                   "runs after a clean restart) is not marked for the other workers: workers/storage/clean_stop.py's load "
-                   "(_append_private, _loaded) never calls Topic.check_limits / policy_changed, so the first publish "
-                   "from another worker's producer is answered OK and appended over the limit; only a refusal on the "
-                   "owner (Topic._admit) or a policy change sets the mark")
 def test_another_workers_publish_is_refused_first_after_a_whole_broker_sigkill(nsqd_factory):
     flags = (f"--max-channel-depth={LIMIT}", "--channel-overflow=reject")
     nsqd = nsqd_factory(*flags, workers=2)

@@ -61,6 +61,7 @@ class FakeWorker:
 
     def __init__(self, capacity, compiled=True):
         self.round_buffer = np.empty(8 << 20, np.uint8) if compiled else None  # as the worker's FRAME_SCRATCH
+        self.stopping = False
         self.inflight = InFlightTable.create(np.zeros(inflight_nbytes(capacity), np.uint8), 0, capacity)
         self.deferred = DeferredStore(LocalChunks())
         self.directory = FakeDirectory()

@@ -243,6 +243,15 @@ class Channel:
                 keep = ~old
             else:
                 old = None
+        spent_at = self._spent_at()
+        if spent_at:  # delivered max_attempts times already (loaded or recovered after a stop or crash)
+            spent = att - 1 >= spent_at
+            if old is not None:
+                spent &= ~old
+            if spent.any():
+                stop = min(stop, self._spend_read(s, pos[spent], ids[spent], att[spent] - 1, now))
+                keep = ~spent if keep is None else keep & ~spent
+                old = spent if old is None else old | spent  # (neither is deferred or delivered)
         if b.latest_not_before > now:  # (a comparison of ints: no array test on every round)
             nb = b.not_before[:n]
             deferred = nb > now if old is None else (nb > now) & ~old
@@ -259,6 +268,7 @@ class Channel:
         pos, att, slots, full_at = self._start(s, pos, ids, att, now, deadline)
         stop = min(stop, full_at)
         if old is not None and not self.policy.dead_letter_topic:  # expired and dropped: those the cursor passes
+            # (spent ones exist only with a dead-letter topic)
             self.expired_count += int((b.positions[:n][old] < stop).sum())
         # A full in-flight table is back-pressure, never loss: the cursor passes only what was started, parked
         # or skipped; what follows is read again once FIN/REQ/timeouts free slots (they all call
@@ -279,6 +289,21 @@ class Channel:
         _, _, slots, full_at = self._start(s, pos, ids, att, now, now)
         self._expire_held(self._requeue_all(slots))
         return full_at
+
+    def _spend_read(self, s, pos, ids, att, now):
+        """Records of the log already delivered max_attempts times (a message in flight at its last attempt when
+        the broker stopped or crashed comes back so): never delivered again; each takes an in-flight slot, held
+        and dead-lettered after the round (``_doom``) -> NO_STOP, or the position of the first that found the
+        table full (the cursor stops there)."""
+        _, _, slots, full_at = self._start(s, pos, ids, att, now, now)
+        self._doom(self._requeue_all(slots))
+        return full_at
+
+    def _spent_at(self):
+        """max_attempts when a message delivered that many times is dead-lettered rather than delivered again (a
+        valid dead-letter topic in effect), else 0."""
+        p = self.policy
+        return p.max_attempts if p.max_attempts and is_valid_name(p.dead_letter_topic) else 0
 
     def _requeue_all(self, slots):
         """In-flight slots -> REQUEUED in the table (held: in no queue of the channel) -> their list."""
@@ -345,7 +370,7 @@ class Channel:
         win = log.window
         ttl = self.policy.message_ttl_ns
         rd = round_words(self.ch, budget, MAX_ROUND_BYTES, now, deadline, self.topic.index, self.key, s.conn_id,
-                         suspect.base, w.direct_fd(s), now - ttl if ttl else 0, self._round)
+                         suspect.base, w.direct_fd(s), now - ttl if ttl else 0, self._round, self._spent_at())
         n, end, sent = deliver_round(log.ctrl, win.data, win.data64, table.ctl, table.slots, table.index, rd,
                                      log.read_block(budget), self._slots, out, suspect.w)
         if n > 0:
@@ -700,6 +725,11 @@ class Channel:
         publish decision (``Forwarder.commit``), then the slots released. A publish parked for room in the ring
         completes later (``dead_letter.Waiter``); a refused one puts the messages back (``_dead_letter_refused``)."""
         w = self.worker
+        if w.stopping:
+            # the other workers may have saved already (a dead letter committed to one now would go with the
+            # shared memory): the held slots are saved with their attempts, and the next start dead-letters them
+            # when they come up for delivery (``_spent_at``; an expired one by its TTL)
+            return
         table = w.inflight
         dead = self.policy.dead_letter_topic
         if dead and not is_valid_name(dead):  # (an ephemeral topic's name + the suffix): as if none were set

@@ -147,6 +147,7 @@ class ChannelHost(Protocol):
     touched: set            # topics whose low-water marks may have moved
     round_buffer: np.ndarray | None  # a compiled round's frames; None: no compiled rounds (--crash-on-body)
     log: Log                # a refused dead-letter publish's line
+    stopping: bool          # a clean stop (or a salvage) began: dead letters wait in their slots, saved
 
     def dead_letter(self, topic: str, src: np.ndarray, offsets: np.ndarray, lengths: np.ndarray) -> Any:
         """Publish dead letters (``workers/domain/dead_letter.py``) to ``topic`` through the worker's one publish

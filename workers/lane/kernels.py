@@ -15,7 +15,8 @@ from nsqpy.ipc.msglog_layout import FRAME_OVERHEAD
 from nsqpy.ipc import sysio as S
 from nsqpy.workers.storage.poison import COUNT, DELIVERY, KEY, KIND, POS, TOPIC
 from nsqpy.workers.lane.words import (RD_BUDGET, RD_CH, RD_CONN, RD_DEADLINE, RD_FD, RD_KEY, RD_MAX_BYTES, RD_NOW,
-                                      RD_TOPIC, RD_TTL_CUTOFF, RD_WBASE, ROUND_WORDS)
+                                      RD_TOPIC, RD_TTL_CUTOFF, RD_WBASE, ROUND_WORDS,
+                                      RD_MAX_ATTEMPTS)
 
 GENERAL = -1   # deliver_round did nothing: the round needs the general path (Channel._deliver_to)
 
@@ -66,14 +67,17 @@ def waiting_positions(slots, which, out_pos):
         out_pos[i] = slots[b + S_LOG_POS] if state == REQUEUED or state == DEFERRED else -1
 
 
-def round_words(ch, budget, max_bytes, now, deadline, topic, key, conn, wbase, fd, ttl_cutoff=0, rd=None):
+def round_words(ch, budget, max_bytes, now, deadline, topic, key, conn, wbase, fd, ttl_cutoff=0, rd=None,
+                max_attempts=0):
     """``deliver_round``'s round words (words.py: RD_*), into ``rd`` when given (a caller's own block);
-    ``ttl_cutoff``: the publish timestamp (ns) before which a record has expired, 0 for a channel without a TTL."""
+    ``ttl_cutoff``: the publish timestamp (ns) before which a record has expired, 0 for a channel without a TTL;
+    ``max_attempts``: the channel's (0: none)."""
     if rd is None:
         rd = np.empty(ROUND_WORDS, np.int64)
     rd[RD_CH], rd[RD_BUDGET], rd[RD_MAX_BYTES], rd[RD_NOW], rd[RD_DEADLINE] = ch, budget, max_bytes, now, deadline
     rd[RD_TOPIC], rd[RD_KEY], rd[RD_CONN], rd[RD_WBASE], rd[RD_FD] = topic, key, conn, wbase, fd
     rd[RD_TTL_CUTOFF] = ttl_cutoff
+    rd[RD_MAX_ATTEMPTS] = max_attempts
     return rd
 
 
@@ -102,6 +106,7 @@ def deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd, c
     before the cutoff has expired: the round stops before the first such record (those before it are delivered,
     the cursor stops at it), or is GENERAL when it is the first, so that the general path expires it (drops it or
     moves it to the dead-letter topic: ``Channel._deliver_read``); the records after it wait for the next round.
+    RD_MAX_ATTEMPTS > 0 does the same for a record whose stored attempts reached it (dead-lettered there).
     A record whose message already has a slot (re-read after a crash) is passed over, as the general path does. The attempts row receives each delivered record's
     attempts (stored + 1) next to its position in the positions row."""
     ch, budget, max_bytes, now, deadline = rd[RD_CH], rd[RD_BUDGET], rd[RD_MAX_BYTES], rd[RD_NOW], rd[RD_DEADLINE]
@@ -113,10 +118,11 @@ def deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd, c
                                   ids, nb, att)
     if n <= 0:
         return n, 0, 0
-    cutoff = rd[RD_TTL_CUTOFF]
-    if cutoff > 0:
+    cutoff, spent = rd[RD_TTL_CUTOFF], rd[RD_MAX_ATTEMPTS]
+    if cutoff > 0 or spent > 0:
         for i in range(n):
-            if ts[i] < cutoff:  # expired: the general path's, and the cursor stops at it
+            if (cutoff > 0 and ts[i] < cutoff) or (spent > 0 and att[i] >= spent):
+                # expired, or delivered max_attempts times already: the general path's, the cursor stops at it
                 if i == 0:
                     return GENERAL, 0, 0
                 n, nxt = i, pos[i]

@@ -62,7 +62,8 @@ from nsqpy.workers.lane.words import (A_IDS, A_NB, A_POS, A_TS, CN_OTHER, DATA, 
                                       OW_WBASE, OW_WORDS, READ_AT, ROW, ROWS_AT, RW_CH, RW_CONN, RW_DEADLINE, RW_END,
                                       RW_FD, RW_FINS, RW_FREE, RW_GOT, RW_KEY, RW_SENT, RW_TIMEOUT, SLOTS_AT, ST_LEN,
                                       ST_OFF, RD_AT, RD_BUDGET, RD_CH, RD_CONN, RD_DEADLINE, RD_FD, RD_KEY,
-                                      RD_MAX_BYTES, RD_NOW, RD_TOPIC, RD_TTL_CUTOFF, RD_WBASE, ROUND_WORDS, RW_TTL)
+                                      RD_MAX_BYTES, RD_NOW, RD_TOPIC, RD_TTL_CUTOFF, RD_WBASE, ROUND_WORDS, RW_TTL,
+                                      RD_MAX_ATTEMPTS)
 from nsqpy.workers.domain.session import FIN_LINE  # the one form of FIN the lane takes, as Session.on_data
 
 WORDS = OW_WORDS  # the own path's words (words.py: OW_*, RW_*, A_*, FN_*)
@@ -105,6 +106,7 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
             ow[OW_TOPIC_INDEX], ow[b + RW_KEY], ow[b + RW_CONN], ow[OW_WBASE], ow[b + RW_FD]
         ttl = ow[b + RW_TTL]  # (a TTL channel's round stops at an expired record, as Channel._deliver_round's)
         rd[RD_TTL_CUTOFF] = now - ttl if ttl > 0 else 0
+        rd[RD_MAX_ATTEMPTS] = 0  # (an armed channel has nothing waiting: only what was just appended)
         got, end, sent = deliver_round(ctrl, data, data64, table_ctl, table_slots, table_index, rd,
                                        ow[READ_AT:READ_AT + 7 * MAX_N].reshape((7, MAX_N)), slots, out, words)
         ow[b + RW_GOT] = got

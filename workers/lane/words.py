@@ -108,7 +108,7 @@ FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N
 FN_SLOT = FN_ROW + MAX_FINS
 FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2
 RD_AT = FN_FREED + 1  # the round words (RD_*, below) of the row ``own_publish`` delivers to
-OW_WORDS = RD_AT + 11
+OW_WORDS = RD_AT + 12
 
 # counts (the pump's words): after one read's totals (CN_*), the pump's settings, written by ``Pump.__init__``,
 # read by ``pump._read``, ``_settle_and_send`` and ``fastlane.serve``
@@ -177,7 +177,9 @@ RG_ROWS = 4
 #   RD_FD            the consumer's socket, or -1: frame only (output is queued before them)
 #   RD_TTL_CUTOFF    the channel's TTL as a publish timestamp (ns): a record published before it has expired, and
 #                    the round stops before it (the general path expires it); 0: the channel has no TTL
+#   RD_MAX_ATTEMPTS  the channel's max_attempts: a record already delivered that many times (loaded or recovered
+#                    after a stop or crash) is the general path's, which dead-letters it; 0: none
 (RD_CH, RD_BUDGET, RD_MAX_BYTES, RD_NOW, RD_DEADLINE, RD_TOPIC, RD_KEY, RD_CONN, RD_WBASE, RD_FD,
- RD_TTL_CUTOFF) = range(11)
-ROUND_WORDS = 11
+ RD_TTL_CUTOFF, RD_MAX_ATTEMPTS) = range(12)
+ROUND_WORDS = 12
 assert OW_WORDS == RD_AT + ROUND_WORDS

@@ -253,6 +253,10 @@ class Worker:
                              self.own_path, self._quiet)
         self.loop.fast_poll = self.lane.poll
 
+    @property
+    def stopping(self):
+        return self._stopping
+
     def stop(self):
         if self._stopping:
             return

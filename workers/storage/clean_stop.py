@@ -304,6 +304,8 @@ class CleanStop:
             self.stats.changed.add(t.name)
             if t.durable:
                 self.sync.appended(t, n)
+            if t.bounded:  # a channel loaded at its limit is marked for the other workers now, as after an append
+                t.policy_changed()
 
     def _append_private(self, t, ch, buf, off, ln, ts, att, ids, not_before):
         """A channel queue's records, private to ch. Those still deferred go where a REQ with a delay puts them:
