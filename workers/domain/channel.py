@@ -286,8 +286,13 @@ class Channel:
         stops there: back-pressure). Without one they are dropped as the cursor passes them."""
         if not self.policy.dead_letter_topic:
             return NO_STOP
+        return self._hold_read(s, pos, ids, att, now, self._expire_held)
+
+    def _hold_read(self, s, pos, ids, att, now, then):
+        """Records of the log that are not to be delivered: each takes an in-flight slot, held (REQUEUED, in no
+        queue), handed to ``then`` -> NO_STOP, or the position of the first that found the table full."""
         _, _, slots, full_at = self._start(s, pos, ids, att, now, now)
-        self._expire_held(self._requeue_all(slots))
+        then(self._requeue_all(slots))
         return full_at
 
     def _spend_read(self, s, pos, ids, att, now):
@@ -295,9 +300,7 @@ class Channel:
         the broker stopped or crashed comes back so): never delivered again; each takes an in-flight slot, held
         and dead-lettered after the round (``_doom``) -> NO_STOP, or the position of the first that found the
         table full (the cursor stops there)."""
-        _, _, slots, full_at = self._start(s, pos, ids, att, now, now)
-        self._doom(self._requeue_all(slots))
-        return full_at
+        return self._hold_read(s, pos, ids, att, now, self._doom)
 
     def _spent_at(self):
         """max_attempts when a message delivered that many times is dead-lettered rather than delivered again (a
