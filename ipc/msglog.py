@@ -622,8 +622,11 @@ class MessageLog(LogCounters):
             raise LogError(f"all {self.channels} channel slots are taken")
         return ch
 
-    def close_channel(self, ch: int) -> None:
-        if K.close_channel(self.ctrl, ch) == NO_CHANNEL:
+    def close_channel(self, ch: int, give_back: bool = False) -> None:
+        """Free slot ch. The last channel's going starts the backlog at the head (NSQ: a topic keeps for its next
+        first channel what is published from then on), or with ``give_back`` at ch's cursor: what ch had not
+        delivered goes back to the backlog (a slot opened but never recorded, found by a replacement worker)."""
+        if K.close_channel(self.ctrl, ch, int(give_back)) == NO_CHANNEL:
             raise LogError(f"channel slot {ch} is not open")
 
     def drop_backlog(self) -> bool:

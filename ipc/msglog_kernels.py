@@ -615,15 +615,21 @@ def open_channel(ctrl):
 
 
 @njit(**KERNEL)
-def close_channel(ctrl, ch):
+def close_channel(ctrl, ch, give_back):
     """Free a channel slot. When the last channel goes, what is published from now on piles up for the next
     first channel: the backlog starts at the head (published before the slot is freed, so a crash in between
-    leaves the channel open, never a stale backlog)."""
+    leaves the channel open, never a stale backlog). ``give_back`` (1): the backlog starts at this channel's
+    cursor instead, so what it had not delivered waits for the next first channel (a slot a crashed worker
+    opened but never recorded took the backlog and delivered nothing); only for a channel with no requeued
+    (private) records after its cursor, which the slot's next channel would deliver but not count."""
     if not channel_active(ctrl, ch):
         return NO_CHANNEL
     if active_channels(ctrl) == 1:
         head, seq = state_word(ctrl, S_HEAD), state_word(ctrl, S_HEAD_SEQ)
-        publish_state(ctrl, head, seq, state_word(ctrl, S_LAST_ID), head, seq)
+        start, start_seq = head, seq
+        if give_back:
+            start, start_seq = cursor_word(ctrl, ch, C_CURSOR), cursor_word(ctrl, ch, C_PUB_DONE)
+        publish_state(ctrl, head, seq, state_word(ctrl, S_LAST_ID), start, start_seq)
     store_release(ctrl, channel_at(ch) + CH_ACTIVE, 0)
     return 0
 

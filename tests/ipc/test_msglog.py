@@ -125,9 +125,12 @@ class Model:
         self.chans[ch] = [start, start]
         return ch
 
-    def close_channel(self, ch):
+    def private_ahead(self, ch):
+        return any(self.recs[pos][0] & F_PRIVATE for pos in self.order if pos >= self.chans[ch][0])
+
+    def close_channel(self, ch, give_back=False):
         if len(self.chans) == 1:
-            self.backlog = self.head
+            self.backlog = self.chans[ch][0] if give_back else self.head
         del self.chans[ch]
 
 
@@ -138,7 +141,7 @@ APPEND = st.tuples(st.just("append"), st.lists(BODY, min_size=1, max_size=8))
 OPS = st.one_of(
     APPEND, APPEND, APPEND,
     st.tuples(st.just("open")),
-    st.tuples(st.just("close"), st.integers(0, CHANNELS - 1)),
+    st.tuples(st.just("close"), st.integers(0, CHANNELS - 1), st.booleans()),
     st.tuples(st.just("read"), st.integers(0, CHANNELS - 1), st.integers(1, 6), st.integers(0, 3000),
               st.integers(0, 7), st.booleans()),
     st.tuples(st.just("copy"), st.integers(0, CHANNELS - 1), st.integers(0, 10**6), st.integers(1, 9),
@@ -222,8 +225,11 @@ def apply(log, model, op):
             with pytest.raises(LogError):
                 log.close_channel(op[1])
         else:
-            log.close_channel(op[1])
-            model.close_channel(op[1])
+            # give_back is for a channel with no requeued records ahead of its cursor (a first channel that
+            # delivered nothing: every closed slot's records lie behind the backlog it started at)
+            give_back = op[2] and not model.private_ahead(op[1])
+            log.close_channel(op[1], give_back=give_back)
+            model.close_channel(op[1], give_back=give_back)
     elif name == "read" and op[1] in model.chans:
         _, ch, max_n, max_bytes, consume, fin = op
         want, nxt = model.read(ch, max_n, max_bytes)
@@ -313,6 +319,29 @@ def test_frame_bytes_exact(small_log):
                                     b"\x00\x02" b"abcdef0123456789" b"hello")
     with pytest.raises(ValueError):
         log.write_frames(out, 40, np.array([pos]), np.array([2]))
+
+
+def test_a_first_channel_closed_with_give_back_leaves_the_backlog_for_the_next(small_log):
+    """A slot a crashed worker opened but never recorded (a SUB that never got its OK) took the backlog as the
+    topic's first channel: closed with give_back, the next first channel still gets all of it, and the depth
+    counts it; a plain close (a deleted channel) starts the backlog at the head, as NSQ's topic does."""
+    log, *_ = small_log
+    for i in range(5):
+        log.append(b"m%d" % i, i, i + 1)
+    assert log.waiting() == 5
+    ch = log.open_channel()
+    log.close_channel(ch, give_back=True)
+    assert log.waiting() == 5
+    ch = log.open_channel()
+    assert log.depth(ch) == 5
+    b = log.read(ch, 2, 1000)
+    log.advance(ch, b.next_position)
+    log.close_channel(ch, give_back=True)  # what it had not read goes back
+    assert log.waiting() == 3
+    ch = log.open_channel()
+    assert log.depth(ch) == 3 and log.read(ch, 10, 1000).n == 3
+    log.close_channel(ch)
+    assert log.waiting() == 0 and log.depth(log.open_channel()) == 0
 
 
 def test_read_reports_latest_not_before(small_log):

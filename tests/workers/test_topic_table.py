@@ -175,5 +175,6 @@ def test_recovery_reattaches_the_journaled_topics_and_closes_unrecorded_channel_
     assert list(rig.table.topics) == [OURS] and t.restarted and t.paused and t.index == 3
     assert sorted(rig.table.channels_by_key) == [5, 9] and rig.table.channels_by_key[9].paused
     assert t.log.open_channels() == [0, 1]
+    assert t.log.closed == [(2, True)]  # its cursor goes back to the backlog (a first channel took it)
     assert (rig.table.topic_seq, rig.table.channel_seq) == (7, 9) and rig.table.next_channel_key() == 10
     assert any("TOPIC(gone) cannot be recovered" in msg for _, msg in rig.log.lines)

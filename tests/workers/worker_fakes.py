@@ -261,6 +261,7 @@ class SlotLog:
         self.free = [s for s in range(slots) if s not in open_slots]
         self.taken = set(open_slots)
         self.slots = slots
+        self.closed = []  # (slot, give_back) of each close_channel
 
     def open_channel(self):
         if not self.free:
@@ -269,9 +270,10 @@ class SlotLog:
         self.taken.add(slot)
         return slot
 
-    def close_channel(self, slot):
+    def close_channel(self, slot, give_back=False):
         self.taken.discard(slot)
         self.free.append(slot)
+        self.closed.append((slot, give_back))
 
     def open_channels(self):
         return sorted(self.taken)

@@ -323,8 +323,8 @@ class Topic:
             ch.message_count = self.log.depth(ch.ch)  # the first channel takes the backlog: put into it now
             try:
                 self.worker.directory.channel_created(self.index, name, ch.ch, ch.key)
-            except OSError as e:  # unrecorded, a replacement would not know its cursor: undo
-                self.log.close_channel(ch.ch)
+            except OSError as e:  # unrecorded, a replacement would not know its cursor: undo (a first channel
+                self.log.close_channel(ch.ch, give_back=True)  # gives the backlog it took back)
                 raise StorageError(f"channel {self.name}:{name} cannot be recorded: {e}") from None
             self.channels[name] = ch
             self.worker.channels_by_key[ch.key] = ch

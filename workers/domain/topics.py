@@ -228,8 +228,8 @@ class TopicTable:
             _policies_set(t)
             known = {c.ch for c in t.channels.values()}
             for slot in t.log.open_channels():
-                if slot not in known:  # opened by the dead process just before it could record it
-                    t.log.close_channel(slot)
+                if slot not in known:  # opened by the dead process just before it could record it: it took
+                    t.log.close_channel(slot, give_back=True)  # the backlog (a first channel), delivered none
 
 
 def _describe(policy):

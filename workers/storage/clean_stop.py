@@ -141,7 +141,7 @@ class CleanStop:
         try:
             return self._save_log(t, ch, self._writer(t.name, writers))
         finally:
-            t.log.close_channel(ch)
+            t.log.close_channel(ch, give_back=True)  # an error on the way keeps what was not saved
 
     def _save_channel(self, t, ch, writers):
         w = self._writer(f"{t.name}:{ch.name}", writers)
