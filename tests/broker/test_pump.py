@@ -23,7 +23,8 @@ from nsqpy.protocol import client as C
 from nsqpy.protocol.commands import Mpub, Pub
 from nsqpy.workers.connections.handover import MOVE_IN_CAP, MOVED_PRODUCER, MOVED_SUBSCRIBER, NAP_WINDOW, Connections, OwnerNaps
 from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_by
-from nsqpy.workers.lane.pump import AUTO, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SPREAD, Pump, find_topic, move_decision
+from nsqpy.workers.lane.pump import (AUTO, JUDGE_WINDOWS, MOVE_AFTER, MOVED_HERE, OWNER, OWNER_BUSY, SLOWER_AFTER_MOVE,
+                                     SPREAD, USUAL_FORGETS, Pump, find_topic, move_decision)
 from nsqpy.workers.publishing.records import owner_of
 from tests.polling import wait_until
 from wire import Conn, consumer, unique
@@ -259,7 +260,7 @@ def test_per_fd_state_grows_with_the_fd_numbers_and_keeps_what_it_held():
     a, b = socket.socketpair()
     try:
         class Peer:
-            fd, wbuf, pub_counts, moved_in = a.fileno(), b"", {}, False
+            fd, wbuf, pub_counts, moved_in, moved_in_took, stay_out = a.fileno(), b"", {}, False, 0.0, False
         pump.add(Peer, 12.5)
         pump.gen[7], pump.clean[7], pump.tally_topic[7] = 3, 1, 2
         size = pump.gen.size
@@ -309,16 +310,22 @@ def test_a_full_topic_does_not_hold_up_other_topics(nsqd_factory):
         c.expect_no_frame(within=0.3)
 
 
-def asks_to_move(mode, owner, times, me=0, moved_in=False, rates=(2000, 5000), busy=False, moved_here=2):
+def asks_to_move(mode, owner, times, me=0, moved_in=False, rates=(2000, 5000), busy=False, moved_here=2,
+                 took_before=0.0, stay_out=False, recorded=None):
     """move_decision for one producer (fd 3) whose one-message commands went to topics of worker ``owner`` at
-    ``times`` (seconds), this worker busy or not, serving ``moved_here`` producers moved in: the indices of the
-    commands after which it asked to move."""
+    ``times`` (seconds), this worker busy or not, serving ``moved_here`` producers moved in, its window before
+    it moved in ``took_before`` seconds: the indices of the commands after which it asked to move. ``recorded``:
+    a list that gets the took_before the decisions wrote."""
     streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
-    streak_t0, moved = np.zeros(8), np.zeros(8, np.uint8)
-    moved[3] = moved_in
+    streak_t0, moved, before, out = np.zeros(8), np.zeros(8, np.uint8), np.zeros(8), np.zeros(8, np.uint8)
+    best = np.zeros(8)
+    moved[3], before[3], out[3] = moved_in, took_before, stay_out
     r = np.array((*rates, 1 if busy else 0, moved_here), np.float64)
-    return [i for i, now in enumerate(times)
-            if move_decision(3, owner, me, mode, r, now, streak, streak_owner, streak_t0, moved)]
+    asked = [i for i, now in enumerate(times)
+             if move_decision(3, owner, me, mode, r, now, streak, streak_owner, streak_t0, moved, before, best, out)]
+    if recorded is not None:
+        recorded.append(float(before[3]))
+    return asked
 
 
 SLOW = [i * 0.001 for i in range(3 * MOVE_AFTER)]    # 1,000 a second
@@ -339,6 +346,51 @@ def test_placement_decisions_by_mode_and_rate():
     assert asks_to_move(AUTO, 0, SLOW, moved_in=True) == []
     assert asks_to_move(AUTO, 0, FAST) == []            # accepted here: never moved out
     assert asks_to_move(OWNER, 0, FAST, moved_in=True) == []  # owner placement keeps them
+
+
+def _windows(*spacings):
+    """Command times of one window of MOVE_AFTER per spacing (seconds between commands)."""
+    times, now = [], 0.0
+    for gap in spacings:
+        for _ in range(MOVE_AFTER):
+            times.append(now)
+            now += gap
+    return times
+
+
+def test_auto_moves_in_by_the_usual_window_not_one_slow_one():
+    """A fast producer with one slow window (a hiccup of the host) does not move in under auto: its usual window,
+    the fastest recent one, is still fast; one that stays slow moves in once its usual window has grown past the
+    move-in rate's (it forgets USUAL_FORGETS a window), and not before several windows went by."""
+    assert asks_to_move(AUTO, 1, _windows(1e-4, 1e-4, 1e-3, 1e-4, 1e-4)) == []
+    slowed = _windows(1e-4, 1e-4, *[1e-3] * 30)
+    asked = asks_to_move(AUTO, 1, slowed)
+    assert asked and asked[0] > 12 * MOVE_AFTER  # 2 fast windows, then >10 slow ones before the first ask
+    assert asks_to_move(OWNER, 1, slowed)[0] == MOVE_AFTER - 1  # owner placement moves at the first window
+
+
+def test_a_move_in_that_made_the_round_trips_slower_is_undone_for_good():
+    """Deciding to move in records the last window; on the owner, a producer whose fastest window of its first
+    JUDGE_WINDOWS takes SLOWER_AFTER_MOVE times as long as that one asks to move out (two round-trip producers on
+    one owner's loop: each got slower than on two cores), and keeps asking until it moves; one whose windows only
+    wobble around it (a paced producer on a busy host) or that the move sped up does not. A producer that moved
+    out once (stay_out) never asks to move in again under auto; owner placement ignores that."""
+    took = []
+    assert asks_to_move(AUTO, 1, SLOW, recorded=took) == EVERY_WINDOW
+    assert took == [pytest.approx(MOVE_AFTER * 0.001)]  # its window: 1,000 a second
+    took = []
+    assert asks_to_move(AUTO, 1, _windows(3e-4, *[1e-3] * 8), recorded=took)  # (a burst, then paced)
+    assert took == [pytest.approx(MOVE_AFTER * 0.001)]  # its last window, not the usual one (the burst's, grown)
+    window = MOVE_AFTER * 0.001
+    slower = _windows(*[0.001 * (SLOWER_AFTER_MOVE + 0.1)] * (JUDGE_WINDOWS + 1))
+    judged = [k * MOVE_AFTER - 1 for k in (JUDGE_WINDOWS, JUDGE_WINDOWS + 1)]
+    assert asks_to_move(AUTO, 0, slower, moved_in=True, took_before=window) == judged
+    wobbly = _windows(0.001, 0.0015, 0.0016, 0.001 * (SLOWER_AFTER_MOVE + 0.1), 0.0015, 0.0014)
+    assert asks_to_move(AUTO, 0, wobbly, moved_in=True, took_before=window) == []
+    assert asks_to_move(AUTO, 0, _windows(*[0.0009] * 6), moved_in=True, took_before=window) == []
+    assert asks_to_move(AUTO, 0, slower, moved_in=True) == []  # nothing recorded (moved in by an older worker)
+    assert asks_to_move(AUTO, 1, SLOW, stay_out=True) == []
+    assert asks_to_move(OWNER, 1, SLOW, stay_out=True) == EVERY_WINDOW
 
 
 def test_a_busy_owner_moves_out_the_producers_moved_in_however_slow_but_the_last():
@@ -369,7 +421,8 @@ def test_the_pump_counts_the_producers_moved_in_that_it_serves():
     p = Pump(1 << 20, 0, AUTO)
     pairs = [socket.socketpair() for _ in range(3)]
     try:
-        sessions = [types.SimpleNamespace(fd=a.fileno(), wbuf=b"", moved_in=m, pub_counts={})
+        sessions = [types.SimpleNamespace(fd=a.fileno(), wbuf=b"", moved_in=m, moved_in_took=0.0, stay_out=False,
+                                          pub_counts={})
                     for (a, _), m in zip(pairs, (True, True, False))]
         for s in sessions:
             p.add(s, 0.0)
@@ -377,7 +430,8 @@ def test_the_pump_counts_the_producers_moved_in_that_it_serves():
         p.remove(sessions[0])
         p.remove(sessions[2])
         assert p.rates[MOVED_HERE] == 1
-        p.add(types.SimpleNamespace(fd=sessions[0].fd, wbuf=b"", moved_in=False, pub_counts={}), 0.0)
+        p.add(types.SimpleNamespace(fd=sessions[0].fd, wbuf=b"", moved_in=False, moved_in_took=0.0,
+                                    stay_out=False, pub_counts={}), 0.0)
         assert p.rates[MOVED_HERE] == 1 and p.moved_in[sessions[0].fd] == 0
     finally:
         p.close()
@@ -387,17 +441,23 @@ def test_the_pump_counts_the_producers_moved_in_that_it_serves():
 
 
 def test_a_streak_counts_one_other_worker_and_each_window_is_timed_alone():
-    """Commands to a second worker's topics restart the streak; after a fast window a slow one still moves."""
+    """Commands to a second worker's topics restart the streak; each window is timed from the end of the last, and
+    a slow window after a fast one only lets the usual window grow by USUAL_FORGETS (no move yet)."""
     streak, streak_owner = np.zeros(8, np.int64), np.full(8, -1, np.int64)
     streak_t0, moved, rates = np.zeros(8), np.zeros(8, np.uint8), np.array([2000.0, 5000.0, 0.0, 0.0])
+    before, best, out = np.zeros(8), np.zeros(8), np.zeros(8, np.uint8)
+
+    def decide(owner, now):
+        return move_decision(3, owner, 0, AUTO, rates, now, streak, streak_owner, streak_t0, moved, before, best, out)
     asked = []
     for i in range(MOVE_AFTER - 1):  # slow, but then one to worker 2
-        asked.append(move_decision(3, 1, 0, AUTO, rates, i * 0.001, streak, streak_owner, streak_t0, moved))
-    asked.append(move_decision(3, 2, 0, AUTO, rates, 0.07, streak, streak_owner, streak_t0, moved))
+        asked.append(decide(1, i * 0.001))
+    asked.append(decide(2, 0.07))
     assert not any(asked) and streak[3] == 1 and streak_owner[3] == 2
     times = [0.07 + i * 0.0001 for i in range(1, MOVE_AFTER)] + [0.08 + i * 0.001 for i in range(MOVE_AFTER)]
-    asked = [move_decision(3, 2, 0, AUTO, rates, now, streak, streak_owner, streak_t0, moved) for now in times]
-    assert [i for i, a in enumerate(asked) if a] == [2 * MOVE_AFTER - 2]  # the second, slow window
+    asked = [decide(2, now) for now in times]
+    assert not any(asked)
+    assert before[3] == pytest.approx((MOVE_AFTER - 1) * 0.0001 * USUAL_FORGETS)  # the fast window's, grown once
 
 
 def test_owner_naps_judge_each_full_window_of_forwards():
@@ -441,17 +501,20 @@ class _Mover:
         self.owner_naps.idle[1] = idle
         self.fail = fail
         self.handed = []
+        self.extras = []
+        self.pump = types.SimpleNamespace(took_before=np.full(8, 0.05))
 
     def _hand_over(self, s, owner, kind, extra):
         if self.fail:
             return False
         self.handed.append((owner, extra["moved_in"]))
+        self.extras.append(extra)
         return True
 
 
 def _producer(**state):
-    fields = dict(closed=False, closing_after_flush=False, channel=None, reading=True, held=False,
-                  parser=types.SimpleNamespace(idle=True, state=1))
+    fields = dict(closed=False, closing_after_flush=False, channel=None, reading=True, held=False, fd=3,
+                  stay_out=False, parser=types.SimpleNamespace(idle=True, state=1))
     return types.SimpleNamespace(**{**fields, **state})
 
 
@@ -496,7 +559,10 @@ def test_a_moved_producer_gone_before_the_owner_takes_it_gives_its_place_back():
 def test_move_out_goes_to_the_least_loaded_other_worker_and_busy_sessions_stay():
     w = _Mover(AUTO)
     w.move_producer(_producer(), -1)
-    assert w.handed == [(2, False)]
+    assert w.handed == [(2, False)] and w.extras[0]["stay_out"]  # moved out once: it stays out (move_decision)
+    w.move_producer(_producer(), 1)
+    assert w.extras[1]["took_before"] == 0.05 and not w.extras[1]["stay_out"]  # the owner judges the move by it
+    w.handed = w.handed[:1]
     for state in ({"held": True}, {"closed": True}, {"reading": False}, {"channel": object()}):
         w.move_producer(_producer(**state), 1)
     assert w.handed == [(2, False)]

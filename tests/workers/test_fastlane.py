@@ -19,7 +19,7 @@ from nsqpy.workers.publishing.records import FORWARD, unpack_forward
 
 class Peer:
     """Just enough of a Session for the pump."""
-    moved_in = False
+    moved_in, moved_in_took, stay_out = False, 0.0, False
 
     def __init__(self, sock):
         self.sock = sock

@@ -116,7 +116,7 @@ class Consumer:
         self.state, self.parser = STATE_SUBSCRIBED, SimpleNamespace(idle=True, state=STATE_SUBSCRIBED)
         self.held = self.closing_after_flush = self._tls_missing = False
         self.finish_count = 0
-        self.pub_counts, self.moved_in, self.data = {}, False, []
+        self.pub_counts, self.moved_in, self.stay_out, self.data = {}, False, False, []
 
     def on_data(self, data):
         self.data.append(data)

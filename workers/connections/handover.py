@@ -152,8 +152,9 @@ class Connections:
             return  # the owner is busy or has its share of moved producers: stay (the pump asks again later)
         if to_owner:
             self.control.add_moved_in(owner, 1)  # counted now, so one batch of movers cannot overshoot the cap
-        if not self._hand_over(s, owner, MOVED_PRODUCER, {"parser_state": s.parser.state, "moved_in": to_owner}) \
-                and to_owner:
+        extra = {"parser_state": s.parser.state, "moved_in": to_owner,
+                 "took_before": float(self.pump.took_before[s.fd]), "stay_out": s.stay_out or not to_owner}
+        if not self._hand_over(s, owner, MOVED_PRODUCER, extra) and to_owner:
             self.control.add_moved_in(owner, -1)
 
     def _hand_over(self, s, owner, kind, extra):
@@ -210,6 +211,8 @@ class Connections:
         s.stats_extra = state.get("stats_extra")
         if state.get("moved_in"):
             s.moved_in = True  # before start: the pump learns it with the fd (the sender counted it already)
+            s.moved_in_took = float(state.get("took_before", 0.0))
+        s.stay_out = bool(state.get("stay_out"))  # moved out of an owner once: auto does not move it in again
         self.sessions[s.conn_id] = s
         self.control.add_connections(self.index, 1)
         s.start()

@@ -84,6 +84,8 @@ class Session(SessionAuth):
         self.reading = True
         self.held = False          # a publish waits for room in the ring to its topic's owner: not reading
         self.moved_in = False      # a producer moved here because this worker owns its topics (auto placement)
+        self.moved_in_took = 0.0   # ... and the seconds its last window of lone PUBs took before (the pump's)
+        self.stay_out = False      # a producer moved in once and out again: it does not move in again
         self._held_items = None    # commands parsed after that publish, handled once it is committed
         self._held_bytes = b""     # bytes handed to on_data while held (not from the pump, which stops reading)
         self.writing = False  # the loop watches for room to send the rest of wbuf

@@ -30,15 +30,20 @@ numba, with libc called directly (``nsqpy.ipc.sysio``):
   (the owner appends runs of such records with one call). ``spread`` keeps producers where the acceptor put
   them, so every worker shares the socket calls of a hot topic. ``owner`` hands a producer whose last MOVE_AFTER
   one-message commands all went to one other worker there (``Worker.move_producer``, the SUB hand-over).
-  ``auto`` (the default) hands it there only when those MOVE_AFTER came slowly (at most ``move_in_rate`` a
-  second: it adds little to the owner, and saves each message a process hop); Python then also checks that the
+  ``auto`` (the default) hands it there only when its windows of MOVE_AFTER come slowly (its usual window, the
+  fastest of its recent ones, at most ``move_in_rate`` a second: it adds little to the owner, and saves each
+  message a process hop; one slow window of a fast producer is a hiccup, not a reason); Python then also checks that the
   owner was asleep for most forwards, is not busy and is under its cap of moved producers. On the owner, a
   producer moved in whose MOVE_AFTER one-message commands to the owner's topics came faster than
   ``move_out_rate`` a second is listed to move out again (to the least loaded other worker): busy producers
   spread. So is every producer moved in but the last, at the end of its window, while the owner is busy
   (``set_load``: it used more than ``busy_share`` of a core over the last period; the worker publishes that in
   the control block, and no producer moves in while it holds). Without both rules, a round-trip producer that
-  alone kept its owner over the busy share was moved out and back in, window after window.
+  alone kept its owner over the busy share was moved out and back in, window after window. A third rule judges
+  a move by its effect: a producer moved in whose window takes SLOWER_AFTER_MOVE times as long as its usual
+  window before the move moves out too (its round trips got slower: the owner's loop serves it in turn with the
+  owner's own producers, where before two cores did). A producer moved out once never moves in again, so no
+  producer goes back and forth. A paced producer (its rate set by itself) keeps its windows and stays.
   Cost model in ARCHITECTURE.md.
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
@@ -65,10 +70,11 @@ from nsqpy.protocol.errors import MpubFailed, PubFailed
 from nsqpy.protocol.frames import OK_FRAME
 from nsqpy.protocol.names import MAX_NAME_LENGTH
 from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_by
-from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, DATA, FD_BUSY, FD_CLEAN, FD_FLAG_ROWS,
-                                      FD_GEN, FD_INT_ROWS, FD_LAST_READ, FD_MOVED_IN, FD_STREAK, FD_STREAK_OWNER,
-                                      FD_STREAK_T0, FD_TALLY, FD_TALLY_TOPIC, FD_TIME_ROWS, MAX_EVENTS, MAX_STAGED,
-                                      OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF, OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY,
+from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, DATA, FD_BEST_SINCE, FD_BUSY, FD_CLEAN,
+                                      FD_FLAG_ROWS, FD_GEN, FD_INT_ROWS, FD_LAST_READ, FD_MOVED_IN, FD_STAY_OUT,
+                                      FD_STREAK, FD_STREAK_OWNER, FD_STREAK_T0, FD_TALLY, FD_TALLY_TOPIC, FD_TIME_ROWS,
+                                      FD_TOOK_BEFORE, MAX_EVENTS, MAX_STAGED, OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF,
+                                      OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY,
                                       PW_MAX_MSG, PW_ME, PW_MODE, ST_FD, ST_GEN, ST_LAST, ST_LEN, ST_N, ST_OFF,
                                       ST_ROWS, ST_SENT, ST_TOPIC, SW_COUNT, SW_FD, SW_MOVER, SW_ROWS, SW_TOPIC,
                                       TP_FAILED, TP_NAME_LEN, TP_OWNER, TP_ROWS, TP_FULL_AT, TP_FULL_VAL)
@@ -76,6 +82,11 @@ from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, DA
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
 MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
+SLOWER_AFTER_MOVE = 1.25    # auto: a producer moved in whose window of MOVE_AFTER takes this much longer than its
+                            # usual one before the move (its round trips got slower) moves out again, for good
+JUDGE_WINDOWS = 4           # auto: ... judged by the fastest of its first this many windows on the owner
+USUAL_FORGETS = 1.1         # auto: a producer's usual window is its fastest recent one, which grows by this factor
+                            # a window (so a producer that really slows down is seen as slow after a few windows)
 SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
 PLACEMENTS = {"spread": SPREAD, "owner": OWNER, "auto": AUTO}
 RATE_IN, RATE_OUT, OWNER_BUSY, MOVED_HERE = 0, 1, 2, 3  # auto: a producer moves to its topics' owner at most
@@ -230,24 +241,50 @@ def _streak(fd, worker, now, streak, streak_owner, streak_t0):
 
 
 @njit(**JIT)
-def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_t0, moved_in):
+def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_t0, moved_in, took_before, best_since,
+                  stay_out):
     """After a one-message command of fd's to a topic of worker ``owner``: should the producer move (to the
     owner, or out of it: Python tells which by ``streak_owner[fd] == me``)? Called again every MOVE_AFTER, so a
-    move that was put off is asked for again."""
+    move that was put off is asked for again. Under auto, ``took_before`` holds the producer's usual window
+    where it is not on the owner, and its last window once it asks to move in (the hand-over takes that along, to
+    judge the move by: ``best_since`` keeps the fastest window on the owner); a producer that moved out once
+    (``stay_out``) never moves in again."""
     if owner == me:
         if mode != AUTO or not moved_in[fd]:
             streak[fd] = 0
             return False
         took = _streak(fd, me, now, streak, streak_owner, streak_t0)
+        if took < 0:
+            return False
         # faster than that, or this worker is busy and has others moved in: spread again (the last one stays: moving
         # it out would make its own round trips a hop longer, and the owner's load falls and takes it back)
-        return took >= 0 and ((rates[OWNER_BUSY] > 0 and rates[MOVED_HERE] > 1) or took * rates[RATE_OUT] < MOVE_AFTER)
-    if mode == SPREAD:
+        if (rates[OWNER_BUSY] > 0 and rates[MOVED_HERE] > 1) or took * rates[RATE_OUT] < MOVE_AFTER:
+            return True
+        if took_before[fd] <= 0:
+            return False
+        # or its round trips got slower here than where it came from (the owner serialises it with its own
+        # producers): the move did not pay, go back. Judged by the fastest of its first JUDGE_WINDOWS windows
+        # here, as a paced producer's windows wobble with the host but its fastest stays at its pace
+        if best_since[fd] <= 0 or took < best_since[fd]:
+            best_since[fd] = took
+        return streak[fd] >= JUDGE_WINDOWS * MOVE_AFTER and best_since[fd] > took_before[fd] * SLOWER_AFTER_MOVE
+    if mode == SPREAD or (mode == AUTO and stay_out[fd]):
         return False
     took = _streak(fd, owner, now, streak, streak_owner, streak_t0)
     if took < 0:
         return False
-    return mode == OWNER or took * rates[RATE_IN] >= MOVE_AFTER     # auto: only a slow producer moves in
+    if mode == OWNER:
+        return True
+    # auto: only a producer slow in its usual window moves in (the fastest recent one, forgetting a little each
+    # window: one slow window of a fast producer, a hiccup of the host, does not move it)
+    usual = took_before[fd] * USUAL_FORGETS
+    if usual <= 0 or took < usual:
+        usual = took
+    if usual * rates[RATE_IN] < MOVE_AFTER:
+        took_before[fd] = usual
+        return False
+    took_before[fd] = took  # the hand-over carries its last window (not the usual, its fastest): the owner judges
+    return True             # the move by it
 
 
 @njit(**JIT)
@@ -263,6 +300,7 @@ def _settle_and_send(st, n, counts, fd_int, fd_flags, fd_times, topics, frame, s
     gen, tally, tally_topic = fd_int[FD_GEN], fd_int[FD_TALLY], fd_int[FD_TALLY_TOPIC]
     streak, streak_owner = fd_int[FD_STREAK], fd_int[FD_STREAK_OWNER]
     busy, moved_in, streak_t0 = fd_flags[FD_BUSY], fd_flags[FD_MOVED_IN], fd_times[FD_STREAK_T0]
+    took_before, best_since, stay_out = fd_times[FD_TOOK_BEFORE], fd_times[FD_BEST_SINCE], fd_flags[FD_STAY_OUT]
     failed, topic_owner, sent, movers = topics[TP_FAILED], topics[TP_OWNER], st[ST_SENT], sw[SW_MOVER]
     me, mode = counts[PW_ME], counts[PW_MODE]
     k = 0
@@ -292,8 +330,9 @@ def _settle_and_send(st, n, counts, fd_int, fd_flags, fd_times, topics, frame, s
             if not last:
                 continue
             # a round trip of one message may move the producer (batches are split by forwarding)
-            if st[ST_N, i] == 1 and move_decision(fd, topic_owner[t], me, mode, rates, now, streak,
-                                                  streak_owner, streak_t0, moved_in) and m < movers.size:
+            if (st[ST_N, i] == 1 and move_decision(fd, topic_owner[t], me, mode, rates, now, streak, streak_owner,
+                                                  streak_t0, moved_in, took_before, best_since, stay_out)
+                    and m < movers.size):
                 movers[m] = fd
                 m += 1
             if busy[fd]:
@@ -314,6 +353,8 @@ class PumpPeer:
         self.wbuf = b""
         self.pub_counts = {}
         self.moved_in = False
+        self.moved_in_took = 0.0
+        self.stay_out = False
         self.data = []
 
     def on_data(self, data):
@@ -360,7 +401,9 @@ class Pump:
                   ("fd_flags", FD_BUSY, "busy", 0), ("fd_times", FD_LAST_READ, "last_read", 0),
                   ("fd_int", FD_TALLY, "tally", 0), ("fd_int", FD_TALLY_TOPIC, "tally_topic", -1),
                   ("fd_int", FD_STREAK, "streak", 0), ("fd_int", FD_STREAK_OWNER, "streak_owner", -1),
-                  ("fd_times", FD_STREAK_T0, "streak_t0", 0), ("fd_flags", FD_MOVED_IN, "moved_in", 0))
+                  ("fd_times", FD_STREAK_T0, "streak_t0", 0), ("fd_flags", FD_MOVED_IN, "moved_in", 0),
+                  ("fd_times", FD_TOOK_BEFORE, "took_before", 0), ("fd_times", FD_BEST_SINCE, "best_since", 0),
+                  ("fd_flags", FD_STAY_OUT, "stay_out", 0))
     _FD_BLOCKS = (("fd_int", FD_INT_ROWS, np.int64), ("fd_flags", FD_FLAG_ROWS, np.uint8),
                   ("fd_times", FD_TIME_ROWS, np.float64))
 
@@ -391,6 +434,9 @@ class Pump:
         self.streak[fd] = 0
         self.streak_owner[fd] = -1
         self.moved_in[fd] = 1 if session.moved_in else 0
+        self.took_before[fd] = session.moved_in_took if session.moved_in else 0.0
+        self.best_since[fd] = 0.0
+        self.stay_out[fd] = 1 if session.stay_out else 0
         self.rates[MOVED_HERE] += self.moved_in[fd]
         self.sessions[fd] = session
         self.ep.register(fd, select.EPOLLIN)
@@ -404,6 +450,7 @@ class Pump:
         self.gen[fd] += 1
         self.rates[MOVED_HERE] -= self.moved_in[fd]
         self.moved_in[fd] = 0
+        self.stay_out[fd] = 0
         self.pause(fd)
 
     def pause(self, fd):

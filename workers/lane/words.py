@@ -128,15 +128,21 @@ PUMP_WORDS = COUNTS + 5
 #   FD_BUSY          output is queued: an OK must go through the session's write buffer (the session and the own
 #                    path write; ``_settle_and_send`` reads)
 #   FD_MOVED_IN      the producer was moved here because this worker owns its topics (``Pump.add``; ``move_decision``)
+#   FD_STAY_OUT      the producer was moved in once and out again: it never moves in again (``Pump.add``;
+#                    ``move_decision``)
 # fd_times (float64):
 #   FD_LAST_READ     time.monotonic() of the last read (``_read``; the session's read deadline, the stats rows)
 #   FD_STREAK_T0     when the move streak's current window began (``move_decision``)
+#   FD_TOOK_BEFORE   auto: the producer's usual window of MOVE_AFTER (seconds) where it is not on the owner, its
+#                    last window once it asks to move in (``move_decision`` keeps it there, the hand-over carries
+#                    it, ``Pump.add`` sets it on the owner, where it judges the move)
+#   FD_BEST_SINCE    auto: the fastest window of a producer moved in, on the owner (``move_decision``)
 FD_GEN, FD_TALLY, FD_TALLY_TOPIC, FD_STREAK, FD_STREAK_OWNER = range(5)
 FD_INT_ROWS = 5
-FD_CLEAN, FD_BUSY, FD_MOVED_IN = range(3)
-FD_FLAG_ROWS = 3
-FD_LAST_READ, FD_STREAK_T0 = range(2)
-FD_TIME_ROWS = 2
+FD_CLEAN, FD_BUSY, FD_MOVED_IN, FD_STAY_OUT = range(4)
+FD_FLAG_ROWS = 4
+FD_LAST_READ, FD_STREAK_T0, FD_TOOK_BEFORE, FD_BEST_SINCE = range(4)
+FD_TIME_ROWS = 4
 
 # topic_words: the pump's per-topic words, one column per pump topic id (MAX_TOPICS)
 #   TP_NAME_LEN      the name's length in ``names`` (``Pump.learn_topic``; ``find_topic``, the forward's encoder)
