@@ -32,18 +32,19 @@ numba, with libc called directly (``nsqpy.ipc.sysio``):
   one-message commands all went to one other worker there (``Worker.move_producer``, the SUB hand-over).
   ``auto`` (the default) hands it there only when its windows of MOVE_AFTER come slowly (its usual window, the
   fastest of its recent ones, at most ``move_in_rate`` a second: it adds little to the owner, and saves each
-  message a process hop; one slow window of a fast producer is a hiccup, not a reason); Python then also checks that the
-  owner was asleep for most forwards, is not busy and is under its cap of moved producers. On the owner, a
+  message a process hop; one slow window of a fast producer is a hiccup, not a reason); Python then also checks
+  that the owner was asleep for most forwards, is not busy and is under its cap of moved producers. On the owner, a
   producer moved in whose MOVE_AFTER one-message commands to the owner's topics came faster than
   ``move_out_rate`` a second is listed to move out again (to the least loaded other worker): busy producers
   spread. So is every producer moved in but the last, at the end of its window, while the owner is busy
   (``set_load``: it used more than ``busy_share`` of a core over the last period; the worker publishes that in
   the control block, and no producer moves in while it holds). Without both rules, a round-trip producer that
   alone kept its owner over the busy share was moved out and back in, window after window. A third rule judges
-  a move by its effect: a producer moved in whose window takes SLOWER_AFTER_MOVE times as long as its usual
-  window before the move moves out too (its round trips got slower: the owner's loop serves it in turn with the
-  owner's own producers, where before two cores did). A producer moved out once never moves in again, so no
-  producer goes back and forth. A paced producer (its rate set by itself) keeps its windows and stays.
+  a move by its effect: a producer moved in whose fastest of its first JUDGE_WINDOWS windows on the owner takes
+  SLOWER_AFTER_MOVE times as long as its last window before the move moves out too (its round trips got slower:
+  the owner's loop serves it in turn with the owner's own producers, where before two cores did). A producer
+  moved out once never moves in again, so no producer goes back and forth. A paced producer (its rate set by
+  itself) keeps its pace in its fastest window and stays.
   Cost model in ARCHITECTURE.md.
 
 Per-fd state lives in numpy arrays indexed by fd (grown on demand): ``gen`` (bumped whenever an fd joins or
@@ -74,17 +75,17 @@ from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, DA
                                       FD_FLAG_ROWS, FD_GEN, FD_INT_ROWS, FD_LAST_READ, FD_MOVED_IN, FD_STAY_OUT,
                                       FD_STREAK, FD_STREAK_OWNER, FD_STREAK_T0, FD_TALLY, FD_TALLY_TOPIC, FD_TIME_ROWS,
                                       FD_TOOK_BEFORE, MAX_EVENTS, MAX_STAGED, OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF,
-                                      OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY,
-                                      PW_MAX_MSG, PW_ME, PW_MODE, ST_FD, ST_GEN, ST_LAST, ST_LEN, ST_N, ST_OFF,
-                                      ST_ROWS, ST_SENT, ST_TOPIC, SW_COUNT, SW_FD, SW_MOVER, SW_ROWS, SW_TOPIC,
-                                      TP_FAILED, TP_NAME_LEN, TP_OWNER, TP_ROWS, TP_FULL_AT, TP_FULL_VAL)
+                                      OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY, PW_MAX_MSG, PW_ME, PW_MODE, ST_FD,
+                                      ST_GEN, ST_LAST, ST_LEN, ST_N, ST_OFF, ST_ROWS, ST_SENT, ST_TOPIC, SW_COUNT,
+                                      SW_FD, SW_MOVER, SW_ROWS, SW_TOPIC, TP_FAILED, TP_NAME_LEN, TP_OWNER, TP_ROWS,
+                                      TP_FULL_AT, TP_FULL_VAL)
 
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
 MOVE_AFTER = 64             # one-message commands in a row to another worker's topics: the producer moves there
 SLOWER_AFTER_MOVE = 1.25    # auto: a producer moved in whose window of MOVE_AFTER takes this much longer than its
-                            # usual one before the move (its round trips got slower) moves out again, for good
-JUDGE_WINDOWS = 4           # auto: ... judged by the fastest of its first this many windows on the owner
+                            # last one before the move (its round trips got slower) moves out again, for good
+JUDGE_WINDOWS = 4           # auto: ... its window there being the fastest of its first this many on the owner
 USUAL_FORGETS = 1.1         # auto: a producer's usual window is its fastest recent one, which grows by this factor
                             # a window (so a producer that really slows down is seen as slow after a few windows)
 SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
