@@ -8,7 +8,8 @@
 nsqpy is started here (fresh --data-path, port 0; ready once it logs its `TCP: listening on` line, waited on
 with a deadline) and stopped at the end; every --target is an address of something already running. Each
 round runs every scenario against every target in turn (A/B interleaved, so a drift in the machine's load
-hits all alike), each in a topic of its own so no run reads another's backlog:
+hits all alike; the order rotates by one each round, ``round_order``, so no target always runs first, on the
+freshest or the quietest machine), each in a topic of its own so no run reads another's backlog:
 
 | scenario   | tool and flags                                                           | figure (ratio)     |
 |------------|--------------------------------------------------------------------------|--------------------|
@@ -143,6 +144,12 @@ def parse_target(text: str) -> tuple[str, str]:
     return name, address
 
 
+def round_order(names, round_no):
+    """The targets' order in round ``round_no``: rotated by one each round (round 0 in the given order)."""
+    k = round_no % len(names) if names else 0
+    return names[k:] + names[:k]
+
+
 def parser() -> argparse.ArgumentParser:
     p = argparse.ArgumentParser(description="nsqpy vs other NSQ-compatible brokers, as ratios")
     p.add_argument("--target", type=parse_target, action="append", default=[], help="name=host:port")
@@ -175,7 +182,8 @@ def main(argv=None) -> int:
             targets = {"nsqpy": nsqpy.address_text, **dict(opts.target)}
             log(f"compare: {targets}")
             for round_no in range(opts.rounds):
-                for name, address in targets.items():
+                for name in round_order(list(targets), round_no):
+                    address = targets[name]
                     log(f"compare: round {round_no + 1}/{opts.rounds} on {name} ({address})")
                     topic = f"cmp{round_no}"
                     for scenario, key, result in run_scenarios(address, topic, opts):

@@ -151,6 +151,13 @@ def test_compare_reports_latency_per_mode():
     assert ratios["roundtrip"] == {"go": 2.0}  # nsqpy's time over Go's: above 1 is slower
 
 
+def test_compare_rotates_the_targets_order_each_round():
+    names = ["nsqpy", "before", "go"]
+    orders = [compare.round_order(names, r) for r in range(4)]
+    assert orders == [names, ["before", "go", "nsqpy"], ["go", "nsqpy", "before"], names]
+    assert [o[0] for o in orders[:3]] == ["nsqpy", "before", "go"]  # each target runs first once in 3 rounds
+
+
 def test_compare_keys_latency_by_mode_and_rate_when_several_rates():
     table = compare.figures(["unbuffered"], [1000, 100000], ["pub", "latency"])
     assert list(table) == ["pub", "latency_unbuffered_1000", "latency_unbuffered_100000"]
