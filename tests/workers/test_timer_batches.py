@@ -118,3 +118,19 @@ def test_clear_drops_held_timers():
     tb.hold(b, 100)
     tb.clear()
     assert tb.take_held() == [] and not tb.unposted.any()
+
+
+def test_leave_skips_the_freed_slots_of_fins_that_failed():
+    tb = TimerBatches(8)
+    b = tb.add(slots(1, 2))
+    assert tb.leave(slots(-1, 1, -1)) == [] and tb.live[b] == 1  # -1: a FIN that freed no slot
+    assert tb.leave(slots(2, -1)) == [b] and tb.slot_batch[7] == -1
+
+
+def test_a_fin_batch_spanning_many_rounds_reports_each_emptied_round_once():
+    tb = TimerBatches(4096)
+    rounds = [tb.add(np.arange(k * 256, (k + 1) * 256)) for k in range(12)]
+    fins = np.arange(0, 12 * 256 - 100)  # every round but the last one whole
+    assert tb.leave(fins) == rounds[:-1]
+    assert tb.live[rounds[-1]] == 100 and len(tb._free) == 4096 - 1
+    assert tb.leave(np.arange(12 * 256 - 100, 12 * 256)) == [rounds[-1]] and len(tb._free) == 4096

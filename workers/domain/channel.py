@@ -546,7 +546,7 @@ class Channel:
         if done:
             if self.e2e is not None:
                 self.e2e.record(self.topic.log, table.slots, freed)  # (failures' entries are -1)
-            self.worker.timer_leave(freed[status == IF.OK])
+            self.worker.timer_leave(freed)  # (a FIN that failed freed no slot: -1, skipped)
             s.in_flight -= done
             s.finish_count += done
             self.wants_delivery()

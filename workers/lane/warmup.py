@@ -24,6 +24,7 @@ from nsqpy.workers.domain import deferred, stats_rows
 from nsqpy.workers.lane import fastlane, kernels, pump
 from nsqpy.workers.processes import scanner
 from nsqpy.workers.publishing import links, records
+from nsqpy.workers.timing import timer_batches
 
 # The modules whose kernels the broker's processes call, each declaring its warm-up steps beside its kernels
 # (``nsqpy.ipc.numba_cache.warm_up_step``: a module-level WARM_UP list). The order is the compiling processes': the
@@ -34,7 +35,7 @@ from nsqpy.workers.publishing import links, records
 # of them). A new kernel in one of these modules needs a call in that module's step; a new kernel module, a line here
 # (tests/workers/test_warmup_signatures.py fails on a kernel no step compiles).
 MODULES = (kernels, pump, inflight, msglog, fastlane, ring, heap, records, deferred, stats_rows, v2_parser,
-           diskqueue_kernels, statrows, wake, atomics, links, handover, scanner)
+           diskqueue_kernels, statrows, wake, atomics, links, handover, scanner, timer_batches)
 
 
 def declared():
