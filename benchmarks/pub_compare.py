@@ -31,14 +31,17 @@ hits all alike.
 
 Result: ``runs`` (every run), ``medians[connections][server]`` (msgs/s), ``ratios[connections][server]`` =
 first server / that server, ``server_cpu_us_per_msg[connections][server]`` (median CPU time of the server's
-process tree per message, from /proc: the cost the placement policy's model uses), plus the commit, cores and
-command (benchmarks.common.environment).
+process tree per message, from /proc: the cost the placement policy's model uses),
+``load_cpu_us_per_msg[connections][server]`` (the same for the load tool: its CPU time as a waited-for child,
+``RUSAGE_CHILDREN``; on a host the load shares, the server's rate is bound where both together fill the cores),
+plus the commit, cores and command (benchmarks.common.environment).
 """
 from __future__ import annotations
 
 import argparse
 import os
 import re
+import resource
 import shlex
 import statistics
 import subprocess
@@ -183,9 +186,9 @@ def one_run(name: str, command: str, cwd: str, connections: int, opts) -> dict:
         with ListeningProcess(argv, ready_timeout=opts.ready_timeout, cwd=cwd, stop_timeout=STOP_TIMEOUT) as server:
             holder = preload(server.address, opts.read, opts.size) if opts.read else None
             pids = process_tree(server.proc.pid)
-            before = cpu_seconds(pids)
+            before, load_before = cpu_seconds(pids), children_cpu_s()
             result = load_of(opts)[1](server.address_text, connections, opts)
-            after = cpu_seconds(pids)
+            after, load_cpu_s = cpu_seconds(pids), children_cpu_s() - load_before
             if holder is not None:
                 holder.close()
     msgs = result["ops_per_s"] * result.get("duration_s", opts.runfor)
@@ -194,10 +197,18 @@ def one_run(name: str, command: str, cwd: str, connections: int, opts) -> dict:
     per_process = sorted((after[p] - before.get(p, 0.0) for p in after), reverse=True)
     result["server_cpu_s"] = sum(per_process)
     result["server_cpu_us_per_msg"] = sum(per_process) * 1e6 / msgs if msgs else None
+    result["load_cpu_s"] = load_cpu_s
+    result["load_cpu_us_per_msg"] = load_cpu_s * 1e6 / msgs if msgs else None
     # the busiest processes' share (with nsqpy: the topic's owner first, then the workers that forward to it)
     result["server_cpu_us_per_msg_by_process"] = [round(x * 1e6 / msgs, 2) for x in per_process[:8] if x] \
         if msgs else []
     return result
+
+
+def children_cpu_s() -> float:
+    """User + system CPU time of this process's children that ended and were waited for (the load tools)."""
+    used = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return used.ru_utime + used.ru_stime
 
 
 def medians_of(runs: list[dict], names: list[str], connections: list[int], key: str) -> dict:
@@ -237,7 +248,8 @@ def main(argv=None) -> int:
                     + (" (drained: read all of --read, a lower bound)" if result.get("drained") else ""))
                 runs.append({"round": round_no, "server": name, "connections": connections,
                              "ops_per_s": result["ops_per_s"],
-                             "server_cpu_us_per_msg": result["server_cpu_us_per_msg"], "result": result})
+                             "server_cpu_us_per_msg": result["server_cpu_us_per_msg"],
+                             "load_cpu_us_per_msg": result["load_cpu_us_per_msg"], "result": result})
     medians, ratios = summarize(runs, list(servers), opts.connections)
     for c, row in ratios.items():
         log(f"pub_compare: {c} connections: " + ", ".join(
@@ -250,6 +262,7 @@ def main(argv=None) -> int:
               "drained_runs": sum(bool(r["result"].get("drained")) for r in runs),
               "medians": medians, "ratios": ratios, "runs": runs,
               "server_cpu_us_per_msg": medians_of(runs, list(servers), opts.connections, "server_cpu_us_per_msg"),
+              "load_cpu_us_per_msg": medians_of(runs, list(servers), opts.connections, "load_cpu_us_per_msg"),
               "errors": sum(int(r["result"].get("errors", 0)) for r in runs), **environment()}
     emit(result, opts.out)
     return 1 if result["errors"] else 0

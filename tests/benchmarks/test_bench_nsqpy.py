@@ -91,6 +91,8 @@ def test_pub_compare_runs_a_fresh_nsqpy_per_run_and_reports_its_cpu():
     assert set(result["medians"]["2"]) == {"nsqpy", "spread"} and result["medians"]["2"]["nsqpy"] > 0
     assert result["ratios"]["2"]["spread"] > 0
     assert all(run["server_cpu_us_per_msg"] > 0 for run in result["runs"])
+    assert all(run["load_cpu_us_per_msg"] > 0 for run in result["runs"])  # the load tool's own CPU
+    assert result["load_cpu_us_per_msg"]["2"]["nsqpy"] > 0
     assert result["commit"] and result["cores"] >= 1
 
 
