@@ -31,8 +31,9 @@ numba, with libc called directly (``nsqpy.ipc.sysio``):
   them, so every worker shares the socket calls of a hot topic. ``owner`` hands a producer whose last MOVE_AFTER
   one-message commands all went to one other worker there (``Worker.move_producer``, the SUB hand-over).
   ``auto`` (the default) hands it there only when its windows of MOVE_AFTER come slowly (its usual window, the
-  fastest of its recent ones, at most ``move_in_rate`` a second: it adds little to the owner, and saves each
-  message a process hop; one slow window of a fast producer is a hiccup, not a reason); Python then also checks
+  fastest of its recent ones, forgetting by time, at most ``move_in_rate`` a second: it adds little to the owner,
+  and saves each message a process hop; a slow spell of a fast producer lasting tens of milliseconds is a hiccup,
+  not a reason, and nor are the first WATCH_S of its streak); Python then also checks
   that the owner was asleep for most forwards, is not busy and is under its cap of moved producers. On the owner, a
   producer moved in whose MOVE_AFTER one-message commands to the owner's topics came faster than
   ``move_out_rate`` a second is listed to move out again (to the least loaded other worker): busy producers
@@ -74,8 +75,8 @@ from nsqpy.protocol.v2_recognisers import lone_mpub_line, lone_pub_line, short_b
 from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, DATA, FD_BEST_SINCE, FD_BUSY, FD_CLEAN,
                                       FD_FLAG_ROWS, FD_GEN, FD_INT_ROWS, FD_LAST_READ, FD_MOVED_IN, FD_STAY_OUT,
                                       FD_STREAK, FD_STREAK_OWNER, FD_STREAK_T0, FD_TALLY, FD_TALLY_TOPIC, FD_TIME_ROWS,
-                                      FD_TOOK_BEFORE, MAX_EVENTS, MAX_STAGED, OUT_FD, OUT_KIND, OUT_LEN, OUT_OFF,
-                                      OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY, PW_MAX_MSG, PW_ME, PW_MODE, ST_FD,
+                                      FD_TOOK_BEFORE, FD_WATCHED, MAX_EVENTS, MAX_STAGED, OUT_FD, OUT_KIND, OUT_LEN,
+                                      OUT_OFF, OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY, PW_MAX_MSG, PW_ME, PW_MODE, ST_FD,
                                       ST_GEN, ST_LAST, ST_LEN, ST_N, ST_OFF, ST_ROWS, ST_SENT, ST_TOPIC, SW_COUNT,
                                       SW_FD, SW_MOVER, SW_ROWS, SW_TOPIC, TP_FAILED, TP_NAME_LEN, TP_OWNER, TP_ROWS,
                                       TP_FULL_AT, TP_FULL_VAL)
@@ -86,8 +87,13 @@ MOVE_AFTER = 64             # one-message commands in a row to another worker's 
 SLOWER_AFTER_MOVE = 1.25    # auto: a producer moved in whose window of MOVE_AFTER takes this much longer than its
                             # last one before the move (its round trips got slower) moves out again, for good
 JUDGE_WINDOWS = 4           # auto: ... its window there being the fastest of its first this many on the owner
-USUAL_FORGETS = 1.1         # auto: a producer's usual window is its fastest recent one, which grows by this factor
-                            # a window (so a producer that really slows down is seen as slow after a few windows)
+USUAL_GROWS_PER_S = 1.0     # auto: a producer's usual window is its fastest recent one, which grows by this share of
+                            # itself per second of windows since (compounded: e-fold a second), so a producer that
+                            # really slows down is seen as slow within a second or two, while a hiccup of the host
+                            # (tens of ms: hundreds of windows of a fast producer) is not; per window, as before,
+                            # a fast producer forgot its pace in a few milliseconds and moved in on any hiccup
+WATCH_S = 0.5               # auto: a producer moves in only once its streak to the owner's topics is this old (its
+                            # first windows, on a fresh connection or broker, are no measure of its pace)
 SPREAD, OWNER, AUTO = 0, 1, 2  # --producer-placement
 PLACEMENTS = {"spread": SPREAD, "owner": OWNER, "auto": AUTO}
 RATE_IN, RATE_OUT, OWNER_BUSY, MOVED_HERE = 0, 1, 2, 3  # auto: a producer moves to its topics' owner at most
@@ -243,7 +249,7 @@ def _streak(fd, worker, now, streak, streak_owner, streak_t0):
 
 @njit(**JIT)
 def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_t0, moved_in, took_before, best_since,
-                  stay_out):
+                  stay_out, watched):
     """After a one-message command of fd's to a topic of worker ``owner``: should the producer move (to the
     owner, or out of it: Python tells which by ``streak_owner[fd] == me``)? Called again every MOVE_AFTER, so a
     move that was put off is asked for again. Under auto, ``took_before`` holds the producer's usual window
@@ -276,12 +282,15 @@ def move_decision(fd, owner, me, mode, rates, now, streak, streak_owner, streak_
         return False
     if mode == OWNER:
         return True
-    # auto: only a producer slow in its usual window moves in (the fastest recent one, forgetting a little each
-    # window: one slow window of a fast producer, a hiccup of the host, does not move it)
-    usual = took_before[fd] * USUAL_FORGETS
+    if streak[fd] == MOVE_AFTER:  # the streak's first window: it is watched from where that began
+        watched[fd] = now - took
+    # auto: only a producer slow in its usual window moves in (the fastest recent one, forgetting a little with
+    # each second of windows: a hiccup of the host, however many windows of a fast producer it slows, does not
+    # move it), and only once it was watched WATCH_S
+    usual = took_before[fd] * (1.0 + USUAL_GROWS_PER_S * took)
     if usual <= 0 or took < usual:
         usual = took
-    if usual * rates[RATE_IN] < MOVE_AFTER:
+    if usual * rates[RATE_IN] < MOVE_AFTER or now - watched[fd] < WATCH_S:
         took_before[fd] = usual
         return False
     took_before[fd] = took  # the hand-over carries its last window (not the usual, its fastest): the owner judges
@@ -302,6 +311,7 @@ def _settle_and_send(st, n, counts, fd_int, fd_flags, fd_times, topics, frame, s
     streak, streak_owner = fd_int[FD_STREAK], fd_int[FD_STREAK_OWNER]
     busy, moved_in, streak_t0 = fd_flags[FD_BUSY], fd_flags[FD_MOVED_IN], fd_times[FD_STREAK_T0]
     took_before, best_since, stay_out = fd_times[FD_TOOK_BEFORE], fd_times[FD_BEST_SINCE], fd_flags[FD_STAY_OUT]
+    watched = fd_times[FD_WATCHED]
     failed, topic_owner, sent, movers = topics[TP_FAILED], topics[TP_OWNER], st[ST_SENT], sw[SW_MOVER]
     me, mode = counts[PW_ME], counts[PW_MODE]
     k = 0
@@ -332,7 +342,7 @@ def _settle_and_send(st, n, counts, fd_int, fd_flags, fd_times, topics, frame, s
                 continue
             # a round trip of one message may move the producer (batches are split by forwarding)
             if (st[ST_N, i] == 1 and move_decision(fd, topic_owner[t], me, mode, rates, now, streak, streak_owner,
-                                                  streak_t0, moved_in, took_before, best_since, stay_out)
+                                                  streak_t0, moved_in, took_before, best_since, stay_out, watched)
                     and m < movers.size):
                 movers[m] = fd
                 m += 1
@@ -404,7 +414,7 @@ class Pump:
                   ("fd_int", FD_STREAK, "streak", 0), ("fd_int", FD_STREAK_OWNER, "streak_owner", -1),
                   ("fd_times", FD_STREAK_T0, "streak_t0", 0), ("fd_flags", FD_MOVED_IN, "moved_in", 0),
                   ("fd_times", FD_TOOK_BEFORE, "took_before", 0), ("fd_times", FD_BEST_SINCE, "best_since", 0),
-                  ("fd_flags", FD_STAY_OUT, "stay_out", 0))
+                  ("fd_flags", FD_STAY_OUT, "stay_out", 0), ("fd_times", FD_WATCHED, "watched", 0))
     _FD_BLOCKS = (("fd_int", FD_INT_ROWS, np.int64), ("fd_flags", FD_FLAG_ROWS, np.uint8),
                   ("fd_times", FD_TIME_ROWS, np.float64))
 

@@ -137,12 +137,14 @@ PUMP_WORDS = COUNTS + 5
 #                    last window once it asks to move in (``move_decision`` keeps it there, the hand-over carries
 #                    it, ``Pump.add`` sets it on the owner, where it judges the move)
 #   FD_BEST_SINCE    auto: the fastest window of a producer moved in, on the owner (``move_decision``)
+#   FD_WATCHED       auto: when its move streak's first window began (``move_decision``: no move in before the
+#                    producer was watched WATCH_S)
 FD_GEN, FD_TALLY, FD_TALLY_TOPIC, FD_STREAK, FD_STREAK_OWNER = range(5)
 FD_INT_ROWS = 5
 FD_CLEAN, FD_BUSY, FD_MOVED_IN, FD_STAY_OUT = range(4)
 FD_FLAG_ROWS = 4
-FD_LAST_READ, FD_STREAK_T0, FD_TOOK_BEFORE, FD_BEST_SINCE = range(4)
-FD_TIME_ROWS = 4
+FD_LAST_READ, FD_STREAK_T0, FD_TOOK_BEFORE, FD_BEST_SINCE, FD_WATCHED = range(5)
+FD_TIME_ROWS = 5
 
 # topic_words: the pump's per-topic words, one column per pump topic id (MAX_TOPICS)
 #   TP_NAME_LEN      the name's length in ``names`` (``Pump.learn_topic``; ``find_topic``, the forward's encoder)
