@@ -76,10 +76,10 @@ from nsqpy.workers.lane.words import (CLOSED, CN_OTHER, CN_STAGED, CN_TOPICS, DA
                                       FD_FLAG_ROWS, FD_GEN, FD_INT_ROWS, FD_LAST_READ, FD_MOVED_IN, FD_STAY_OUT,
                                       FD_STREAK, FD_STREAK_OWNER, FD_STREAK_T0, FD_TALLY, FD_TALLY_TOPIC, FD_TIME_ROWS,
                                       FD_TOOK_BEFORE, FD_WATCHED, MAX_EVENTS, MAX_STAGED, OUT_FD, OUT_KIND, OUT_LEN,
-                                      OUT_OFF, OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY, PW_MAX_MSG, PW_ME, PW_MODE, ST_FD,
-                                      ST_GEN, ST_LAST, ST_LEN, ST_N, ST_OFF, ST_ROWS, ST_SENT, ST_TOPIC, SW_COUNT,
-                                      SW_FD, SW_MOVER, SW_ROWS, SW_TOPIC, TP_FAILED, TP_NAME_LEN, TP_OWNER, TP_ROWS,
-                                      TP_FULL_AT, TP_FULL_VAL)
+                                      OUT_OFF, OUT_ROWS, PUMP_WORDS, PW_EPFD, PW_MAX_BODY, PW_MAX_MSG, PW_ME, PW_MODE,
+                                      ST_FD, ST_GEN, ST_LAST, ST_LEN, ST_N, ST_OFF, ST_ROWS, ST_SENT, ST_TOPIC,
+                                      SW_COUNT, SW_FD, SW_MOVER, SW_ROWS, SW_TOPIC, TP_FAILED, TP_NAME_LEN, TP_OWNER,
+                                      TP_ROWS, TP_FULL_AT, TP_FULL_VAL)
 
 READ_SIZE = 64 * 1024       # one recv (glibc mmaps a Python bytes of >= 128 KiB: keep data copies below that)
 BUFFER_SIZE = 8 << 20       # one read call's recvs; it stops taking sockets when less than READ_SIZE is left
