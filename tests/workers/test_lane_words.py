@@ -41,7 +41,8 @@ def test_every_block_has_distinct_offsets_inside_it():
     ints = [W.FD_GEN, W.FD_TALLY, W.FD_TALLY_TOPIC, W.FD_STREAK, W.FD_STREAK_OWNER]
     assert sorted(ints) == list(range(W.FD_INT_ROWS))
     assert sorted([W.FD_CLEAN, W.FD_BUSY, W.FD_MOVED_IN, W.FD_STAY_OUT]) == list(range(W.FD_FLAG_ROWS))
-    assert sorted([W.FD_LAST_READ, W.FD_STREAK_T0, W.FD_TOOK_BEFORE, W.FD_BEST_SINCE]) == list(range(W.FD_TIME_ROWS))
+    times = [W.FD_LAST_READ, W.FD_STREAK_T0, W.FD_TOOK_BEFORE, W.FD_BEST_SINCE, W.FD_WATCHED]
+    assert sorted(times) == list(range(W.FD_TIME_ROWS))
 
 
 def test_the_own_paths_areas_follow_each_other():
