@@ -1,6 +1,6 @@
 """The few libc calls that compiled network loops make (the broker's producer pump, `benchmarks.fast_writer`,
 `benchmarks.fast_sink`), callable from numba nopython code: sockets (send, recv, accept4, setsockopt, close),
-epoll, eventfd writes, errno and the clocks.
+epoll, eventfd writes and resets, errno and the clocks.
 
 Theory of operation
 -------------------
@@ -67,6 +67,7 @@ epoll_ctl = _extern("epoll_ctl", _int, _int, _int, _int, _ptr)
 epoll_wait = _extern("epoll_wait", _int, _int, _ptr, _int, _int)
 clock_gettime = _extern("clock_gettime", _int, _int, _ptr)
 write = _extern("write", ctypes.c_ssize_t, _int, _ptr, _size)
+read = _extern("read", ctypes.c_ssize_t, _int, _ptr, _size)
 _errno_location = _extern("__errno_location", ctypes.POINTER(ctypes.c_int))
 
 
@@ -106,6 +107,13 @@ def eventfd_signal(fd: int) -> int:
     """Add 1 to an eventfd (os.eventfd_write(fd, 1)): 8 on success, -1 on an error (a full counter: EAGAIN)."""
     one = np.ones(1, np.int64)
     return write(fd, one.ctypes.data, 8)
+
+
+@njit(inline="always", **JIT_CALLEE)
+def eventfd_clear(fd: int) -> int:
+    """Reset an eventfd to zero (os.eventfd_read on a non-blocking one): 8, or -1 when it was zero (EAGAIN)."""
+    value = np.zeros(1, np.int64)
+    return read(fd, value.ctypes.data, 8)
 
 
 @njit(inline="always", **JIT)

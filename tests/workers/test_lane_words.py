@@ -20,7 +20,7 @@ from test_fastlane import add_client, recv_exactly, records
 
 BLOCKS = {  # prefix of a block's offsets -> its size (a word count, or a block's rows)
     "ST_": W.ST_ROWS, "OUT_": W.OUT_ROWS, "RES_": W.RES_WORDS, "SW_": W.SW_ROWS, "RG_": W.RG_ROWS,
-    "TP_": W.TP_ROWS, "RD_": W.ROUND_WORDS,
+    "TP_": W.TP_ROWS, "RD_": W.ROUND_WORDS, "RI_": W.RI_ROWS,
 }
 
 
@@ -51,7 +51,8 @@ def test_the_own_paths_areas_follow_each_other():
     assert sorted(_offsets("RW_").values()) == list(range(W.ROW))  # a row's words
     areas = [(W.ROWS_AT, W.MAX_ROWS * W.ROW), (W.A_TS, W.MAX_N), (W.A_IDS, W.MAX_N), (W.A_NB, W.MAX_N),
              (W.READ_AT, 7 * W.MAX_N), (W.SLOTS_AT, W.MAX_ROWS * W.MAX_N), (W.FN_ROW, W.MAX_FINS),
-             (W.FN_SLOT, W.MAX_FINS), (W.FN_ID, 1), (W.FN_STATUS, 1), (W.FN_FREED, 1), (W.RD_AT, W.ROUND_WORDS)]
+             (W.FN_SLOT, W.MAX_FINS), (W.FN_ID, 1), (W.FN_STATUS, 1), (W.FN_FREED, 1), (W.RD_AT, W.ROUND_WORDS),
+             (W.DR_OFF, W.MAX_N), (W.DR_LEN, W.MAX_N)]
     at = W.HEAD
     for start, size in areas:
         assert start == at, (start, at)

@@ -5,6 +5,7 @@ consumer before its OK reaches the producer, and everything the kernel does not 
 untouched (staged for the commit, nothing written)."""
 import collections
 import os
+import select
 import socket
 import struct
 import time
@@ -27,8 +28,10 @@ from nsqpy.workers.lane.fastlane import LaneRig, serve
 from nsqpy.workers.lane.ownpath import MAX_N, OwnPath
 from nsqpy.workers.storage.poison import Suspect
 from nsqpy.workers.lane.warmup import _throwaway_log
+from nsqpy.ipc.ring import C_HEAD, C_READ, C_STALLED, P_TAIL
+from nsqpy.workers.publishing.records import COMMAND, FORWARD, forward_size, pack_forward, set_want_room
 
-from test_fastlane import add_client, recv_exactly
+from test_fastlane import add_client, recv_exactly, records
 
 
 class Worker:
@@ -67,6 +70,7 @@ class Topic:
     def __init__(self, name, log, worker):
         self.name, self.log, self.worker = name, log, worker
         self.deleted = self.durable = self.full = self.paused = False
+        self.limited = None
         self.channels = {}
         self.ids = IdGenerator(7)
         self.index = 3
@@ -305,8 +309,9 @@ def test_what_the_python_path_must_see_is_never_armed(own, why):
         ch.requeued.append(1)
     elif why == "careful rounds":
         w.suspect.set_careful(ch.key, 3)
-    elif why == "forwards waiting":
+    elif why == "forwards waiting":  # ... that the lane may not take (ownpath.own_drain)
         w.pub_pending = SimpleNamespace(any=lambda: True)
+        own.rig.drain_ok = False
     else:
         w.round_buffer = None
     there = own.producer()
@@ -490,3 +495,152 @@ def test_a_timer_due_now_ends_the_lane_after_an_own_publish(own):
     own.lane.quiet = lambda: 0
     there.sendall(C.pub("ours", b"mine"))
     assert own.lane.poll(60.0) == [] and own.lane.again == 0 and own.path.published == 1
+
+
+# ---- forwards to the armed topic, drained in the lane (ownpath.own_drain) -------------------------------------
+def _forward(own, topic, bodies, ts, defer_ms=0, rtype=FORWARD):
+    """Worker 1 forwards bodies to topic as its Forwarder does: one record committed to our input ring, then the
+    wake-up (an eventfd write only while we sleep)."""
+    src = np.frombuffer(b"".join(bodies), np.uint8)
+    lengths = np.array([len(b) for b in bodies], np.int64)
+    out = np.empty(forward_size(topic.encode(), lengths), np.uint8)
+    offsets = np.concatenate(([0], np.cumsum(lengths)[:-1])).astype(np.int64)
+    assert own.rig.inbox.write(pack_forward(out, topic.encode(), src, offsets, lengths, ts, defer_ms), rtype)
+    own.rig.wakeups.notify(0)
+
+
+def _asleep(own):
+    """The worker's loop found nothing to do and armed its wake-up flag before calling the lane."""
+    assert own.rig.wakeups.prepare_sleep(0, lambda: False)
+
+
+def _offered_again(own, n):
+    """Nothing of the ring was taken: its n records are still there for Python, and the eventfd says so."""
+    ring = own.rig.inbox
+    assert ring.ctl[C_READ] == ring.ctl[C_HEAD] and len(records(ring)) == n
+    assert os.eventfd_read(own.rig.eventfds[0]) >= 1
+
+
+def test_a_forward_to_the_armed_topic_is_appended_and_delivered_in_the_lane(own):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    _asleep(own)
+    stamp = time.time_ns() - 5_000_000
+    _forward(own, "ours", [b"one", b"two"], stamp)
+    _forward(own, "ours", [b"three"], stamp + 1)
+    assert own.lane.poll(30.0) == []
+    assert own.path.drained == 3 and own.path.published == 0
+    got = [_stamped(c) for _ in range(3)]
+    assert [body for _, _, body in got] == [b"one", b"two", b"three"]
+    assert [ts for ts, _, _ in got] == [stamp, stamp, stamp + 1]  # each keeps its record's time, as Topic.append
+    ring = own.rig.inbox
+    assert ring.ctl[C_HEAD] == ring.ctl[C_READ] == ring.ctl[P_TAIL]  # released
+    assert (own.topic.message_count, own.topic.message_bytes) == (3, 11) and c.in_flight == 3
+    assert own.topic.ids.next_id(time.time_ns()) > max(i for _, i, _ in got)
+    assert not own.rig.wakeups.notify(0)  # awake for the loop: a forward now costs its sender no eventfd write
+    assert len(serve.signatures) == 1
+
+
+def test_the_lane_goes_on_after_a_drain_while_the_worker_is_quiet(own):
+    ch = Channel(own.topic, "ch", key=5)
+    c = own.consumer(ch, conn_id=9, rdy=10)
+    # the loop's idle step has nothing to do until the producer's PUB was published (then it returns)
+    own.lane.quiet = lambda: None if own.worker.pending or own.worker.frames or own.path.published else -1
+    ring = own.rig.inbox
+    own.worker.pub_pending = SimpleNamespace(any=lambda: ring.ctl[P_TAIL] != ring.ctl[C_READ])
+    there = own.producer()
+    _asleep(own)
+    _forward(own, "ours", [b"forwarded"], time.time_ns())  # waiting in the ring as the lane is armed: drained first
+    there.sendall(C.pub("ours", b"mine"))
+    assert own.lane.poll(30.0) == []
+    assert own.path.drained == 1 and own.path.published == 1 and own.lane.again == 1
+    assert [c.message()[2] for _ in range(2)] == [b"forwarded", b"mine"]
+    assert recv_exactly(there, len(OK_FRAME)) == OK_FRAME
+    assert own.rig.wakeups.notify(0)  # the lane went on asleep: its flag was armed again
+
+
+def test_after_a_drain_forwards_that_came_meanwhile_go_to_the_loop(own):
+    """Forwards committed while Python did the drain's share found the worker awake (no eventfd write): the lane
+    does not go on blind to them, the loop's drain takes them."""
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=10)
+    real_sleep, late = own.lane.sleep, []
+
+    def sleep():
+        if not late:  # Python does the first drain's share: another forward arrives while the worker is awake
+            late.append(1)
+            _forward(own, "ours", [b"late"], time.time_ns())
+        return real_sleep()
+
+    own.lane.sleep = sleep
+    own.lane.quiet = lambda: -1
+    _asleep(own)
+    _forward(own, "ours", [b"first"], time.time_ns())
+    assert own.lane.poll(30.0) == []
+    assert own.path.drained == 1 and own.lane.again == 0
+    assert len(records(own.rig.inbox)) == 1  # the late one, for the loop's drain
+
+
+@pytest.mark.parametrize("why", ["another topic", "deferred", "a command", "too many", "scanner", "want room",
+                                 "stalled", "not allowed", "not armed", "limited"])
+def test_what_the_drain_must_leave_to_python_is_offered_again_untouched(own, why):
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=100)
+    ring = own.rig.inbox
+    _asleep(own)
+    if why == "scanner":
+        assert own.rig.scanner.write(b"expired", 3)
+    elif why == "want room":
+        set_want_room(ring.ctl, 1)
+    elif why == "stalled":
+        ring.ctl[C_STALLED] = 1
+    elif why == "not allowed":
+        own.rig.drain_ok = False
+    elif why == "not armed":
+        own.path.hint(None)
+    elif why == "limited":
+        own.topic.limited = (1, 2)
+    n = 1
+    if why == "another topic":
+        _forward(own, "ours", [b"mine"], time.time_ns())
+        _forward(own, "theirs", [b"other"], time.time_ns())
+        n = 2
+    elif why == "deferred":
+        _forward(own, "ours", [b"later"], time.time_ns(), defer_ms=1000)
+    elif why == "a command":
+        _forward(own, "ours", [b"cmd"], time.time_ns(), rtype=COMMAND)
+    elif why == "too many":
+        _forward(own, "ours", [b"m%d" % i for i in range(MAX_N + 1)], time.time_ns())
+    else:
+        _forward(own, "ours", [b"mine"], time.time_ns())
+    events = own.lane.poll(30.0)
+    assert (own.rig.eventfds[0], select.EPOLLIN) in events
+    assert own.path.drained == 0 and own.log.depth(ch.ch) == 0 and ch.message_count == 0
+    _offered_again(own, n)
+
+
+def test_a_drain_the_log_cannot_take_without_a_new_segment_is_offered_again(own):
+    ch = Channel(own.topic, "ch", key=5)
+    own.consumer(ch, conn_id=9, rdy=10)
+    log = own.log
+    one, zero = np.ones(1, np.int64), np.zeros(1, np.int64)
+    win = log.window
+    for size in (60_000, 1_800):  # the segment is left with less room than one record of 1,800 bytes
+        body = np.zeros(size, np.uint8)
+        while MK.append_batch(log.ctrl, win.data, win.data64, body, zero, np.array([size], np.int64), zero, one,
+                              zero, 0, 1, np.empty(0, np.int64)) >= 0:
+            pass
+    log.advance(ch.ch, log.head)
+    _asleep(own)
+    _forward(own, "ours", [b"x" * 1_900], time.time_ns())
+    assert (own.rig.eventfds[0], select.EPOLLIN) in own.lane.poll(30.0)
+    assert own.path.drained == 0 and log.depth(ch.ch) == 0
+    _offered_again(own, 1)
+
+
+def _stamped(c):
+    """(timestamp ns, id, body) of the consumer's next MSG frame."""
+    size, kind = struct.unpack(">ii", recv_exactly(c.peer, 8))
+    assert kind == FRAME_MESSAGE
+    rest = recv_exactly(c.peer, size - 4)
+    return struct.unpack(">q", rest[:8])[0], int(rest[10:26], 16), rest[26:]

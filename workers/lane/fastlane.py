@@ -33,6 +33,13 @@ send the OKs (``_settle_and_send``, the pump's own). Then it waits again. It ret
   queued, nothing staged, parked or to sync, no timer due) ``FastLane.poll`` arms the own path again and calls the
   lane again itself, for up to SLICE: a round-trip producer's next PUB (and its consumer's FIN) then cost no pass
   of the loop, which was most of the owner's CPU per round trip (by hand, perf);
+* R_DRAINED: this worker's eventfd woke the lane (alone, or beside the pump's fd) while the own path was armed, and
+  what the input rings held was plain forwards to the armed topic: ``own_drain`` appended and delivered them
+  (``workers/lane/ownpath.py``); Python's share follows (``OwnPath.done``) and, while ``quiet()`` and once
+  ``sleep()`` armed the wake-up flag again with nothing waiting, the lane goes on as after R_OWN. Anything else
+  there (a command, another topic, a deferred publish, the scanner's ring, a sender waiting for room, more than
+  ``ownpath.MAX_N`` messages) is offered again untouched and the lane returns R_EVENTS, its eventfd written back for
+  the loop;
 * R_TIMEOUT: the loop's timeout passed (timers are Python's), or the lane has run for SLICE seconds since its
   first forward or FIN (the idle step's periodic duties get a turn), or it took MAX_FINS FINs, or epoll was
   interrupted.
@@ -41,11 +48,12 @@ A read that is one whole FIN from a consumer of the armed own topic (``ownpath.o
 the message is freed, and the lane waits on (alone) or publishes the PUBs beside it with the RDY it freed. Python
 applies its share (``OwnPath.fins_done``) as soon as the lane returns, whatever it returns, before anything else.
 
-Why this is safe: the lane only runs while the worker's wake-up flag is armed, and it stays armed (nothing in the
-lane disarms it), so any process committing to one of this worker's rings writes its eventfd, which ends the
-lane (R_EVENTS). A forward never overtakes a parked one: the lane is not used while any publish is parked. A
-claim that fails leaves the ring as a failed ``Ring.write`` would (its WANT/OUTGROWN words then make Python's
-own attempt reserve pages), and the staged messages are still in the pump for Python's commit.
+Why this is safe: the lane only runs while the worker's wake-up flag is armed, so any process committing to one of
+this worker's rings writes its eventfd, which ends the lane (R_EVENTS, or R_DRAINED, after which the lane runs again
+only once ``sleep()`` armed the flag with the rings found empty). A forward never overtakes a parked one: the lane
+is not used while any publish is parked. A claim that fails leaves the ring as a failed ``Ring.write`` would (its
+WANT/OUTGROWN words then make Python's own attempt reserve pages), and the staged messages are still in the pump for
+Python's commit.
 
 Batches take the lane when they are a batch producer's, an MPUB of BATCH messages or more: such a producer
 (NSQ's bench_writer sends MPUBs of 200) waits for each OK, and without the lane each MPUB cost the forwarding
@@ -70,18 +78,20 @@ from numba import njit
 
 from nsqpy.ipc.numba_cache import JIT, JIT_CALLEE, warm_up_step
 from nsqpy.ipc import sysio as S
-from nsqpy.ipc.ring import CONTROL_WORDS, ring_claim, ring_commit
+from nsqpy.ipc.ring import C_READ, CONTROL_WORDS, P_TAIL, ring_claim, ring_commit
 from nsqpy.ipc.wake import wake_check
 from nsqpy.workers.connections.handover import owner_nap
 from nsqpy.workers.lane import kernels as lane_kernels, pump as lane_pump
-from nsqpy.workers.lane.ownpath import idle_args, own_fin, own_publish
+from nsqpy.workers.lane.ownpath import idle_args, own_drain, own_fin, own_publish
 from nsqpy.workers.lane.pump import _read, _settle_and_send
-from nsqpy.workers.lane.words import (CN_OTHER, CN_STAGED, CN_TOPICS, FD_BUSY, LANE_WORDS, LN_LARGE, LN_MAIN_EP,
-                                      LN_SLICE_NS, LN_UNTIL_NS, MAX_EVENTS, MAX_FINS, OW_ARMED, OW_FINS, OW_T,
-                                      OW_WORDS, PW_EPFD, PW_ME, R_EVENTS, R_OWN, R_READ, R_SETTLED, R_TIMEOUT,
-                                      RES_ATTENTION, RES_CODE, RES_EVENTS, RES_FORWARDS, RES_MOVERS, RES_STAGED,
-                                      RES_TALLIES, RES_WORDS, RG_CAPACITY, RG_CTL_AT, RG_DATA_AT, RG_EVENTFD, RG_ROWS,
-                                      ST_LEN, ST_N, ST_OFF, ST_TOPIC, TP_FULL_AT, TP_FULL_VAL, TP_NAME_LEN, TP_OWNER)
+from nsqpy.workers.lane.words import (CN_OTHER, CN_STAGED, CN_TOPICS, FD_BUSY, LANE_WORDS, LN_DRAIN, LN_EVENTFD,
+                                      LN_LARGE, LN_MAIN_EP, LN_SCAN_CTL, LN_SLICE_NS, LN_UNTIL_NS, MAX_EVENTS,
+                                      MAX_FINS, OW_ARMED, OW_FINS, OW_T, OW_WORDS, PW_EPFD, PW_ME, R_DRAINED,
+                                      R_EVENTS, R_OWN, R_READ, R_SETTLED, R_TIMEOUT, RES_ATTENTION, RES_CODE,
+                                      RES_DRAINED, RES_EVENTS, RES_FORWARDS, RES_MOVERS, RES_STAGED, RES_TALLIES,
+                                      RES_WORDS, RG_CAPACITY, RG_CTL_AT, RG_DATA_AT, RG_EVENTFD, RG_ROWS, RI_CAPACITY,
+                                      RI_CTL_AT, RI_DATA_AT, RI_PROC, RI_ROWS, RI_WAKE_FD, ST_LEN, ST_N, ST_OFF,
+                                      ST_TOPIC, TP_FULL_AT, TP_FULL_VAL, TP_NAME_LEN, TP_OWNER)
 from nsqpy.workers.publishing.records import FORWARD, FWD_HEAD_SIZE, write_forward
 
 SLICE = 0.005        # seconds a busy lane runs before it lets the idle step run
@@ -96,6 +106,15 @@ EVENT_DTYPE = np.dtype([("events", "<u4"), ("fd", "<i4"), ("pad", "<u4")])  # st
 def _sliced(stop_at, now, slice_s):
     """The lane's stop time once its first forward or FIN is done: at most SLICE from now (R_TIMEOUT)."""
     return now + slice_s if stop_at < 0 or now + slice_s < stop_at else stop_at
+
+
+@njit(inline="always", **JIT_CALLEE)
+def _woken(events, n, pump_ep, eventfd):
+    """Whether the ready fds are this worker's eventfd, maybe with the pump's."""
+    if n == 1:
+        return S.event_data(events, 0) == eventfd
+    a, b = S.event_data(events, 0), S.event_data(events, 1)
+    return n == 2 and (a == eventfd and b == pump_ep or a == pump_ep and b == eventfd)
 
 
 @njit(**JIT_CALLEE)
@@ -133,13 +152,14 @@ def forward_staged(st, n, t, names, topics, buf, seg_words, seg_bytes, rings, ow
 
 @njit(**JIT)
 def serve(lane, events, pevents, counts, buf, fd_int, fd_flags, fd_times, names, topics, table, st, out, sw, frame,
-          rates, rings, seg_words, seg_bytes, control_words, wake_flags, naps,
+          rates, rings, rin, seg_words, seg_bytes, control_words, wake_flags, naps,
           own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout, swords):
     """The lane (module docstring): wait on the loop's epoll set (``lane[LN_MAIN_EP]``) until LN_UNTIL_NS
     (time.monotonic_ns(); < 0: no limit) and forward lone PUBs until something needs Python; ``lane`` receives the
     outcome (RES_* words). ``events`` is the lane's epoll buffer; ``pevents`` to ``rates`` are the pump's
     (``counts`` is its words, with its settings), ``rings`` to ``naps`` this worker's rings to the other workers
-    and their wake-ups; ``own`` and the arrays after it are the armed own topic's (``workers/lane/ownpath.py``).
+    (``rin``: from them, and from the other producers) and their wake-ups; ``own`` and the arrays after it are the
+    armed own topic's (``workers/lane/ownpath.py``).
     The blocks' words are ``workers/lane/words.py``'s."""
     lane[:RES_WORDS] = 0
     main_ep, slice_s, large = lane[LN_MAIN_EP], lane[LN_SLICE_NS] * 1e-9, lane[LN_LARGE]
@@ -158,8 +178,19 @@ def serve(lane, events, pevents, counts, buf, fd_int, fd_flags, fd_times, names,
             lane[RES_CODE] = R_TIMEOUT
             break
         if n > 1 or S.event_data(events, 0) != pump_ep:
-            lane[RES_CODE] = R_EVENTS
-            lane[RES_EVENTS] = n
+            # forwards to the armed own topic woke us: appended and delivered here when they are all plain ones
+            drained = 0
+            if lane[LN_DRAIN] != 0 and own[OW_ARMED] != 0 and _woken(events, n, pump_ep, lane[LN_EVENTFD]):
+                t = own[OW_T]
+                drained = own_drain(lane, rin, seg_words, seg_bytes, wake_flags, me, names[t], topics[TP_NAME_LEN, t],
+                                    busy, own, lctrl, ldata, ldata64, table_ctl, table_slots, table_index, rout,
+                                    swords)
+            if drained > 0:
+                lane[RES_CODE] = R_DRAINED
+                lane[RES_DRAINED] = drained
+            else:
+                lane[RES_CODE] = R_EVENTS
+                lane[RES_EVENTS] = n
             break
         _read(counts, pevents, buf, fd_int, fd_flags, fd_times, names, topics, table, st, out)
         staged = counts[CN_STAGED]
@@ -216,7 +247,7 @@ class FastLane:
     whether the lane may run now (no parked publish); ``move(session, worker)`` is the worker's producer move."""
 
     def __init__(self, pump, main_ep, buf, rings, wakeups, control, naps, large_forward, usable, move, own=None,
-                 quiet=None):
+                 quiet=None, inputs=(), scanner=None, may_drain=None, sleep=None):
         self.pump = pump
         self.main_ep = main_ep
         self.poll_plain = main_ep.poll
@@ -231,6 +262,12 @@ class FastLane:
             self.rings[RG_DATA_AT, j] = ring.data.ctypes.data - base
             self.rings[RG_CAPACITY, j] = ring.capacity
         self.rings[RG_EVENTFD] = wakeups.fds
+        self.rin = np.zeros((RI_ROWS, len(inputs)), np.int64)  # words.py: rows RI_*
+        for i, (ring, proc) in enumerate(inputs):
+            self.rin[RI_CTL_AT, i] = (ring.ctl.ctypes.data - base) // 8
+            self.rin[RI_DATA_AT, i] = ring.data.ctypes.data - base
+            self.rin[RI_CAPACITY, i] = ring.capacity
+            self.rin[RI_PROC, i], self.rin[RI_WAKE_FD, i] = proc, wakeups.fds[proc]
         self.wake_flags = wakeups.flags
         self.control = control
         self.control_words = control.w
@@ -238,6 +275,11 @@ class FastLane:
         self.large = int(large_forward)
         self.lane = np.zeros(LANE_WORDS, np.int64)  # words.py: RES_* (the outcome), LN_* (a call's inputs)
         self.lane[LN_MAIN_EP], self.lane[LN_SLICE_NS], self.lane[LN_LARGE] = main_ep.fileno(), SLICE_NS, self.large
+        self.lane[LN_EVENTFD] = wakeups.fds[int(pump.counts[PW_ME])]
+        if scanner is not None:
+            self.lane[LN_SCAN_CTL] = (scanner.ctl.ctypes.data - base) // 8
+        self.may_drain = may_drain if scanner is not None and len(inputs) else None  # () -> whether it may now
+        self.sleep = sleep  # () -> True once the wake-up flag is armed again with no input waiting (the idle step's)
         self.res = self.lane
         self.usable = usable
         self.move = move
@@ -290,17 +332,19 @@ class FastLane:
         if self.known != len(p.topics):
             self._learn()
         res = self.res
-        own = self._no_own if self.own is None else self.own.arm()
+        drain = self.may_drain is not None and self.own is not None and self.may_drain()
+        own = self._no_own if self.own is None else self.own.arm(drain)
         res[LN_UNTIL_NS] = -1 if until < 0 else int(until * 1e9)
+        res[LN_DRAIN] = drain and self.own.armed is not None and self.own.armed.limited is None
         serve(res, self.events, p.events, p.counts, p.buf, p.fd_int, p.fd_flags, p.fd_times, p.names, p.topic_words,
-              p.table, p.st, p.out, p.sw, p.ok_frame, p.rates, self.rings, self.seg_words, self.seg_bytes,
+              p.table, p.st, p.out, p.sw, p.ok_frame, p.rates, self.rings, self.rin, self.seg_words, self.seg_bytes,
               self.control_words, self.wake_flags, self.naps, *own)
         code, forwards = int(res[RES_CODE]), int(res[RES_FORWARDS])
         self.forwards += forwards
         fins = self.own is not None and self.own.words[OW_FINS] > 0
         if fins:
             self.own.fins_done()  # before the publish's share below (ownpath.OwnPath.fins_done)
-        if forwards or fins or code == R_OWN:
+        if forwards or fins or code == R_OWN or code == R_DRAINED:
             self.misses = 0
         else:
             self.misses += 1
@@ -322,6 +366,10 @@ class FastLane:
             p.after_read()  # the same read's data and closed sockets, if any (a FIN usually)
             if self.quiet is not None and not (k or attention or m):
                 return None
+        elif code == R_DRAINED:
+            self.own.done(int(res[RES_DRAINED]), forwarded=True)
+            if self.quiet is not None and self.sleep():  # (own_drain left the worker awake)
+                return None
         elif code == R_SETTLED:
             p.settled(int(res[RES_STAGED]), int(res[RES_TALLIES]), int(res[RES_ATTENTION]), int(res[RES_MOVERS]),
                       {}, self.move)
@@ -342,18 +390,28 @@ class LaneRig:
         from nsqpy.workers.connections.handover import OwnerNaps
         from nsqpy.workers.lane.pump import Pump
         self.eventfds = [make_eventfd(), make_eventfd()]
-        self.buf = bytearray(Ring.size_for(capacity) + Wakeups.size_for(2))
+        size = Ring.size_for(capacity)
+        self.buf = bytearray(3 * size + Wakeups.size_for(2))
         self.ring = Ring.create(self.buf, 0, capacity)
-        self.wakeups = Wakeups.create(self.buf, Ring.size_for(capacity), self.eventfds)
+        self.inbox = Ring.create(self.buf, size, capacity)        # worker 1's forwards to us
+        self.scanner = Ring.create(self.buf, 2 * size, capacity)  # the scanner's ring to us
+        self.wakeups = Wakeups.create(self.buf, 3 * size, self.eventfds)
         self.w = np.zeros(self.FULL_AT + 1, np.int64)
         self.ep = select.epoll()
         self.pump = Pump(max_msg)
         self.ep.register(self.pump.epfd, select.EPOLLIN)
+        self.ep.register(self.eventfds[0], select.EPOLLIN)  # our wake-up, as in the worker's loop
         self.naps = OwnerNaps(2)
         self.moves = []
         self.parked = False
+        self.drain_ok = True  # what the worker's Forwarder.lane_may_drain says
         self.lane = FastLane(self.pump, self.ep, self.buf, {1: self.ring}, self.wakeups, self, self.naps, large,
-                             lambda: not self.parked, lambda s, w: self.moves.append((s, w)), own)
+                             lambda: not self.parked, lambda s, w: self.moves.append((s, w)), own,
+                             inputs=[(self.inbox, 1)], scanner=self.scanner, may_drain=lambda: self.drain_ok,
+                             sleep=lambda: self.wakeups.prepare_sleep(0, self._inputs_waiting))
+
+    def _inputs_waiting(self):
+        return any(r.ctl[P_TAIL] != r.ctl[C_READ] for r in (self.inbox, self.scanner))
 
     def full_word(self, w, crc):
         return self.FULL_AT, (1 << 40) | crc

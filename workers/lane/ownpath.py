@@ -28,7 +28,8 @@ for ``--sync-every``), marked full, deleted, or storage is failing; any channel 
 row carrying the TTL for the round's cutoff); a channel with consumers has anything waiting
 (messages ahead of its cursor, requeued or due ones) or is in careful rounds (``workers/storage/poison.py``); the
 consumer whose turn it is samples, has output queued or is closing; there are more than MAX_ROWS such channels;
-compiled rounds are off (``--crash-on-body``); publishes forwarded by other workers wait in our rings. The
+compiled rounds are off (``--crash-on-body``); publishes forwarded by other workers wait in our rings and the lane
+may not take them (below). The
 kernel gives up without writing anything (the Python path then publishes the same staged messages) when more
 than MAX_N are staged or the log needs a new segment (its budgets are Python's). A channel whose round it could
 not finish (a round ``deliver_round`` leaves to the general path, or fewer free RDY than messages) gets the
@@ -45,6 +46,26 @@ pending, no end-to-end latency window), a read that is exactly one ``FIN <id>\\n
 row gains the RDY, and (row, slot) waits in ``words`` for ``fins_done``, which the lane's caller runs first
 whatever the lane returned: the round's timer, the session's counts, the channel's pass or change mark. Its
 timers leave before ``done`` starts the next round's, since that round may reuse the freed slot.
+
+A forward to the armed topic from a producer on another worker woke the owner for a whole pass of the loop too
+(the eventfd, ``Forwarder.drain_rings``, ``Topic.append``, arming again), and while forwards waited in the rings
+the own path was not armed, so the owner's own producer went through Python as well: at 2 connections spread over
+2 workers, most of the owner's CPU. So when this worker's eventfd is what wakes the armed lane, ``own_drain``
+looks at the input rings itself: if every committed record is a plain forward (``records.plain_forward``: no
+defer, bodies that fill it) to the armed topic, at most MAX_N messages in all, and neither the scanner's ring nor
+a sender's flags (waiting for room, stalled) want Python, it appends them with their records' timestamps and
+IDs of the topic's generator, delivers them to the rows as ``own_publish`` does, releases the records and wakes a
+sender that waits for room; the lane returns R_DRAINED and ``done`` is Python's share. The worker is awake from
+then on (its wake-up flag cleared), so forwards that come while Python works cost their senders no eventfd write:
+the lane goes on only once the flag is armed again with the rings still empty (``FastLane``'s ``sleep``), and
+otherwise the loop's drain takes them, in one batch. Otherwise every record
+is offered again as it was and the eventfd written back, so the loop's usual drain takes them. The order of
+the records is kept (one append per drain, rings in slot order); between producers there is none to keep, and a
+producer that moves here is handed over through the loop, whose drain takes its earlier forwards first
+(``Forwarder.catch_up``). With the lane allowed to drain (``Forwarder.lane_may_drain``: no record-by-record
+drain after a crash, no refused append waiting for its retry, no fault injection), forwards waiting in the rings
+no longer keep the topic from being armed: the eventfd they wrote is the lane's first event. A crash in the
+middle leaves the records unreleased: the next drain appends them again (at worst a duplicate, as the loop's).
 """
 import numpy as np
 from numba import njit
@@ -53,6 +74,8 @@ from nsqpy.ipc.numba_cache import JIT_CALLEE
 from nsqpy.ipc import sysio as S
 from nsqpy.ipc.inflight import inflight_finish_batch
 from nsqpy.ipc.msglog_kernels import append_batch
+from nsqpy.ipc.ring import C_READ, C_STALLED, CONTROL_WORDS, ring_read_batch, ring_readable, ring_release_read
+from nsqpy.ipc.wake import wake_check, wake_disarm
 from nsqpy.protocol.kernels import hex_value, snowflake_fill
 from nsqpy.workers.domain.channel import MAX_ROUND_BYTES, ROUND
 from nsqpy.workers.lane.kernels import deliver_round
@@ -63,10 +86,13 @@ from nsqpy.workers.lane.words import (A_IDS, A_NB, A_POS, A_TS, CN_OTHER, DATA, 
                                       RW_FD, RW_FINS, RW_FREE, RW_GOT, RW_KEY, RW_SENT, RW_TIMEOUT, SLOTS_AT, ST_LEN,
                                       ST_OFF, RD_AT, RD_BUDGET, RD_CH, RD_CONN, RD_DEADLINE, RD_FD, RD_KEY,
                                       RD_MAX_BYTES, RD_NOW, RD_TOPIC, RD_TTL_CUTOFF, RD_WBASE, ROUND_WORDS, RW_TTL,
-                                      RD_MAX_ATTEMPTS)
+                                      RD_MAX_ATTEMPTS, DR_LEN, DR_OFF, LN_EVENTFD, LN_SCAN_CTL, RI_CAPACITY,
+                                      RI_CTL_AT, RI_DATA_AT, RI_PROC, RI_WAKE_FD)
+from nsqpy.workers.publishing.records import FORWARD, FWD_HEAD_SIZE, _le64, plain_forward, want_room
 from nsqpy.workers.domain.session import FIN_LINE  # the one form of FIN the lane takes, as Session.on_data
 
 WORDS = OW_WORDS  # the own path's words (words.py: OW_*, RW_*, A_*, FN_*)
+ANY_BYTES = 1 << 62  # ``own_drain`` reads records by count (MAX_N at most), whatever their size
 
 
 @njit(**JIT_CALLEE)
@@ -77,13 +103,21 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
     if n > MAX_N:
         return False
     now = S.realtime_ns()
+    ow[A_TS:A_TS + n] = now
+    return _append_deliver(buf, st[ST_OFF, :n], st[ST_LEN, :n], n, now, busy, ow, ctrl, data, data64, table_ctl,
+                           table_slots, table_index, out, words)
+
+
+@njit(**JIT_CALLEE)
+def _append_deliver(src, offs, lens, n, now, busy, ow, ctrl, data, data64, table_ctl, table_slots, table_index, out,
+                    words):
+    """Append n messages (bodies src[offs[i]:+lens[i]], publish timestamps at A_TS) to the armed topic's log with
+    IDs from its generator's state, then run each armed row's delivery round: ``own_publish``'s and
+    ``own_drain``'s shared part. -> False, having written nothing, when the log needs a new segment."""
     ts, ids, nb = ow[A_TS:A_TS + n], ow[A_IDS:A_IDS + n], ow[A_NB:A_NB + n]
-    for i in range(n):
-        ts[i] = now
-        nb[i] = 0
+    nb[:] = 0
     tick, seq = snowflake_fill(ids.view(np.uint64), now >> 20, ow[OW_TICK], ow[OW_SEQ], ow[OW_NODE])
-    first = append_batch(ctrl, data, data64, buf, st[ST_OFF, :n], st[ST_LEN, :n], ts, ids, nb, np.int64(0), n,
-                         ow[A_POS:A_POS])
+    first = append_batch(ctrl, data, data64, src, offs, lens, ts, ids, nb, np.int64(0), n, ow[A_POS:A_POS])
     if first < 0:
         return False
     ow[OW_TICK] = tick
@@ -121,6 +155,87 @@ def own_publish(st, n, buf, busy, ow, ctrl, data, data64, table_ctl, table_slots
         ow[ROWS_AT + r * ROW + RW_GOT] = 0
         r += 1
     return True
+
+
+@njit(**JIT_CALLEE)
+def _undo_reads(seg_words, rin, was):
+    """Offer again what ``own_drain`` read (its READ words back to where they were)."""
+    for i in range(rin.shape[1]):
+        if was[i] >= 0:
+            seg_words[rin[RI_CTL_AT, i] + C_READ] = was[i]
+
+
+@njit(**JIT_CALLEE)
+def _collect(seg_words, seg_bytes, rin, was, name, name_len, ow):
+    """Read the input rings' records into DR_OFF / DR_LEN / A_TS while every one is a plain forward to the armed
+    topic (``records.plain_forward``, named ``name``) and they hold at most MAX_N messages in all: -> how many, or
+    -1 when a record, a ring's flags or the count is for Python (``was`` then says what to undo)."""
+    n = 0
+    roff, rlen, rtype = np.empty(MAX_N, np.int64), np.empty(MAX_N, np.int64), np.empty(MAX_N, np.int64)
+    for i in range(rin.shape[1]):
+        c = rin[RI_CTL_AT, i]
+        ctl = seg_words[c:c + CONTROL_WORDS]
+        if ring_readable(ctl) == 0:
+            continue
+        if ctl[C_STALLED] != 0 or want_room(ctl) or n == MAX_N:
+            return -1  # its sender waits for the owner (Forwarder._drain_from's bookkeeping), or too many
+        was[i] = ctl[C_READ]
+        d = rin[RI_DATA_AT, i]
+        k = ring_read_batch(ctl, seg_bytes[d:d + rin[RI_CAPACITY, i]], roff, rlen, rtype, np.int64(MAX_N - n),
+                            np.int64(ANY_BYTES))
+        if k < 0:
+            return -1
+        for j in range(k):
+            o = d + roff[j]
+            cnt, ts, tl = 0, 0, 0
+            if rtype[j] == FORWARD:
+                cnt, ts, tl = plain_forward(seg_bytes, o, rlen[j])
+            if cnt == 0 or tl != name_len or n + cnt > MAX_N:
+                return -1
+            p = o + FWD_HEAD_SIZE
+            for b in range(tl):
+                if seg_bytes[p + b] != name[b]:
+                    return -1
+            p += tl
+            body = p + 8 * cnt
+            for m in range(cnt):
+                ln = _le64(seg_bytes, p + 8 * m)
+                ow[DR_OFF + n], ow[DR_LEN + n], ow[A_TS + n] = body, ln, ts
+                body += ln
+                n += 1
+    return n
+
+
+@njit(**JIT_CALLEE)
+def own_drain(lane, rin, seg_words, seg_bytes, wake_flags, me, name, name_len, busy, ow, ctrl, data, data64, table_ctl,
+              table_slots, table_index, out, words):
+    """This worker's eventfd woke the lane: if what its input rings hold is plain forwards to the armed topic
+    (``rin``: words.py's RI_* rows; at most MAX_N messages), append and deliver them as ``own_publish`` does (each
+    message keeps its record's timestamp), release the records and wake a sender that waits for room. -> the
+    messages taken, their lengths at DR_LEN; 0, with every record offered again and the eventfd written back
+    for the loop, when anything there is Python's (module docstring)."""
+    efd = lane[LN_EVENTFD]
+    S.eventfd_clear(efd)  # first: a commit after this writes it again (the writer that woke us cleared the flag)
+    was = np.full(rin.shape[1], -1, np.int64)
+    c = lane[LN_SCAN_CTL]
+    n = -1
+    if ring_readable(seg_words[c:c + CONTROL_WORDS]) == 0:
+        n = _collect(seg_words, seg_bytes, rin, was, name, name_len, ow)
+    if n <= 0 or not _append_deliver(seg_bytes, ow[DR_OFF:DR_OFF + n], ow[DR_LEN:DR_LEN + n], n, S.realtime_ns(),
+                                     busy, ow, ctrl, data, data64, table_ctl, table_slots, table_index, out, words):
+        _undo_reads(seg_words, rin, was)
+        S.eventfd_signal(efd)
+        return 0
+    for i in range(rin.shape[1]):
+        if was[i] >= 0:
+            ctl = seg_words[rin[RI_CTL_AT, i]:rin[RI_CTL_AT, i] + CONTROL_WORDS]
+            ring_release_read(ctl)
+            if want_room(ctl) and wake_check(wake_flags, rin[RI_PROC, i]):
+                S.eventfd_signal(rin[RI_WAKE_FD, i])
+    # awake: what senders commit while Python does its share costs them no eventfd write; the lane goes on only
+    # after the flag is armed again and the rings checked once more (FastLane._serve, ipc/wake.py's reader side)
+    wake_disarm(wake_flags, me)
+    return n
 
 
 @njit(**JIT_CALLEE)
@@ -183,15 +298,17 @@ class OwnPath:
         self.rows = []
         self.published = 0      # messages the kernel published (statistics, tests)
         self.fins = 0           # FINs the lane took (statistics, tests)
+        self.drained = 0        # forwarded messages the lane took from the input rings (statistics, tests)
         self._idle = idle_args(self.words)
 
     def hint(self, topic):
         self.topic = topic
 
-    def arm(self):
+    def arm(self, drains=False):
         """-> the lane's own arguments (``serve``'s ``own`` and the arrays after it): ``words``, the armed topic's
         log (ctrl, data, data64), the in-flight table (ctl, slots, index), the round buffer and the suspect
-        words; or ``words`` and stand-ins when nothing is armed."""
+        words; or ``words`` and stand-ins when nothing is armed. ``drains``: the lane may take forwards from the
+        input rings (``own_drain``), so forwards waiting there do not keep the topic from being armed."""
         ow = self.words
         ow[OW_ARMED] = 0
         self.armed = None
@@ -203,7 +320,7 @@ class OwnPath:
             return self._idle
         w = self.worker
         pump_id = w.pump.topic_ids.get(t.name)
-        if pump_id is None or w.pub_pending.any():
+        if pump_id is None or not drains and w.pub_pending.any():
             return self._idle
         ow[OW_T] = pump_id
         ow[OW_NODE], ow[OW_TICK], ow[OW_SEQ] = t.ids.node_id, t.ids.last_tick, t.ids.sequence
@@ -273,14 +390,19 @@ class OwnPath:
             ch.finished_one(s, slot)
         self.fins += k
 
-    def done(self, n):
-        """The lane's kernel published the n staged messages to the armed topic: Python's share (module
-        docstring). The pump's OKs are settled after this."""
+    def done(self, n, forwarded=False):
+        """The lane's kernel published the n staged messages to the armed topic (``forwarded``: n messages it
+        drained from the input rings, ``own_drain``): Python's share (module docstring). The pump's OKs are
+        settled after this."""
         t, ow, w = self.armed, self.words, self.worker
         self.armed = None
-        self.published += n
+        if forwarded:
+            self.drained += n
+        else:
+            self.published += n
         t.ids.last_tick, t.ids.sequence = int(ow[OW_TICK]), int(ow[OW_SEQ])
-        t.count_appended(n, w.pump.st[ST_LEN, :n])  # (it asks a delivery pass of each channel: see below)
+        lengths = ow[DR_LEN:DR_LEN + n] if forwarded else w.pump.st[ST_LEN, :n]
+        t.count_appended(n, lengths)  # (it asks a delivery pass of each channel: see below)
         for r, (ch, s) in enumerate(self.rows):
             b = ROWS_AT + r * ROW
             got = int(ow[b + RW_GOT])

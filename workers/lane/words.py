@@ -38,12 +38,13 @@ Blocks (shape, dtype; writer -> readers):
 
 ``res``: the outcome of one ``fastlane.serve`` call, ``(RES_WORDS,)`` int64. Writer: ``serve``. Reader:
     ``FastLane._serve``.
-    RES_CODE     R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT or R_OWN (``fastlane``'s docstring)
+    RES_CODE     R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN or R_DRAINED (``fastlane``'s docstring)
     RES_EVENTS   with R_EVENTS: epoll events in the lane's event buffer
     RES_TALLIES, RES_ATTENTION, RES_MOVERS   with R_SETTLED / R_OWN: what ``_settle_and_send`` returned (tallies
                  to fold, OKs Python must answer, producers to move)
     RES_STAGED   with R_SETTLED / R_OWN: the staged messages that call answered
     RES_FORWARDS forwards the call committed (always)
+    RES_DRAINED  with R_DRAINED: messages ``own_drain`` took from the input rings (their lengths at DR_LEN)
 
 ``ow``: the own path's words, ``(OW_WORDS,)`` int64 (``ownpath``'s docstring).
     Head, written by ``OwnPath.arm`` before each lane call (OW_TICK, OW_SEQ, OW_FINS also by the kernels):
@@ -68,6 +69,8 @@ Blocks (shape, dtype; writer -> readers):
     The FINs the lane took, written by ``own_fin``, read by ``fins_done``: FN_ROW, FN_SLOT (MAX_FINS each: the
     row and the freed slot of each); FN_ID, FN_STATUS, FN_FREED (one FIN's scratch).
     RD_AT: ROUND_WORDS of ``own_publish``'s, the round words (``rd``, below) of the row it delivers to.
+    DR_OFF, DR_LEN (MAX_N each): the bodies ``own_drain`` took from the input rings, as offsets into the rings'
+    buffer and lengths (``OwnPath.done`` reads the lengths).
 """
 
 MAX_EVENTS = 1024           # epoll events per wait; also the columns of ``out``
@@ -87,9 +90,9 @@ CN_STAGED, CN_OTHER, CN_TOPICS = range(3)
 COUNTS = 3
 
 # res: one lane call's outcome, and RES_CODE's values
-RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS = range(7)
-RES_WORDS = 7
-R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN = range(5)
+RES_CODE, RES_EVENTS, RES_TALLIES, RES_ATTENTION, RES_MOVERS, RES_STAGED, RES_FORWARDS, RES_DRAINED = range(8)
+RES_WORDS = 8
+R_EVENTS, R_READ, R_SETTLED, R_TIMEOUT, R_OWN, R_DRAINED = range(6)
 
 # ow: the own path's words
 MAX_ROWS = 4     # channels one armed topic may deliver to in the kernel
@@ -108,7 +111,9 @@ FN_ROW = SLOTS_AT + MAX_ROWS * MAX_N
 FN_SLOT = FN_ROW + MAX_FINS
 FN_ID, FN_STATUS, FN_FREED = FN_SLOT + MAX_FINS, FN_SLOT + MAX_FINS + 1, FN_SLOT + MAX_FINS + 2
 RD_AT = FN_FREED + 1  # the round words (RD_*, below) of the row ``own_publish`` delivers to
-OW_WORDS = RD_AT + 12
+DR_OFF = RD_AT + 12
+DR_LEN = DR_OFF + MAX_N
+OW_WORDS = DR_LEN + MAX_N
 
 # counts (the pump's words): after one read's totals (CN_*), the pump's settings, written by ``Pump.__init__``,
 # read by ``pump._read``, ``_settle_and_send`` and ``fastlane.serve``
@@ -166,7 +171,10 @@ LN_MAIN_EP = RES_WORDS    # the loop's epoll fd, which the lane waits on
 LN_UNTIL_NS = RES_WORDS + 1   # time.monotonic_ns() to return at (R_TIMEOUT), or -1: no limit
 LN_SLICE_NS = RES_WORDS + 2   # how long a busy lane runs once its first forward or FIN is done (SLICE)
 LN_LARGE = RES_WORDS + 3      # the biggest forward the ring takes (bigger ones go by file: Python's)
-LANE_WORDS = RES_WORDS + 4
+LN_EVENTFD = RES_WORDS + 4    # this worker's eventfd (every commit to one of its rings may write it)
+LN_SCAN_CTL = RES_WORDS + 5   # the control block of the scanner's ring to this worker (its word in the buffer)
+LN_DRAIN = RES_WORDS + 6      # 1 when the lane may take forwards to the armed topic from the input rings
+LANE_WORDS = RES_WORDS + 7
 
 # rings: the lane's view of this worker's rings to the others, ``(RG_ROWS, workers)`` int64, written by
 # ``FastLane.__init__``, read by ``forward_staged`` and ``serve``
@@ -174,6 +182,13 @@ LANE_WORDS = RES_WORDS + 4
 #   rings' buffer; RG_CAPACITY its data's size; RG_EVENTFD the owner's eventfd (its wake-up)
 RG_CTL_AT, RG_DATA_AT, RG_CAPACITY, RG_EVENTFD = range(4)
 RG_ROWS = 4
+
+# rin: the lane's view of this worker's input rings (one per producer slot but its own, ``Forwarder.pub_in``'s
+# order), ``(RI_ROWS, rings)`` int64, written by ``FastLane.__init__``, read by ``ownpath.own_drain``
+#   RI_CTL_AT, RI_DATA_AT, RI_CAPACITY   as RG_*; RI_PROC the sender's wake-up line and RI_WAKE_FD its eventfd
+#   (the sender waits for room: ``records.want_room``)
+RI_CTL_AT, RI_DATA_AT, RI_CAPACITY, RI_PROC, RI_WAKE_FD = range(5)
+RI_ROWS = 5
 
 # rd: one delivery round's words (``kernels.deliver_round``), ``(ROUND_WORDS,)`` int64, written by its caller
 # (``Channel._deliver_round``; ``ownpath.own_publish`` for each armed row, in ``ow`` at RD_AT), read by the kernel
@@ -190,4 +205,4 @@ RG_ROWS = 4
 (RD_CH, RD_BUDGET, RD_MAX_BYTES, RD_NOW, RD_DEADLINE, RD_TOPIC, RD_KEY, RD_CONN, RD_WBASE, RD_FD,
  RD_TTL_CUTOFF, RD_MAX_ATTEMPTS) = range(12)
 ROUND_WORDS = 12
-assert OW_WORDS == RD_AT + ROUND_WORDS
+assert DR_OFF == RD_AT + ROUND_WORDS

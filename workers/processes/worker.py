@@ -250,7 +250,9 @@ class Worker:
         self.lane = FastLane(self.pump, self.loop.epoll, self.links.seg.buf,
                              {j: link.ring for j, link in fwd.pub_out.items()}, self.links.wakeups, self.control,
                              self._owner_naps, fwd.large_forward, lambda: not fwd.parked, self.move_producer,
-                             self.own_path, self._quiet)
+                             self.own_path, self._quiet, inputs=fwd.lane_inputs(), scanner=self.from_scanner.ring,
+                             may_drain=fwd.lane_may_drain,
+                             sleep=lambda: self.links.prepare_sleep(self.index, self._inputs_empty))
         self.loop.fast_poll = self.lane.poll
 
     @property

@@ -626,6 +626,16 @@ class Forwarder:
             while int(ctl[C_READ]) < target and self._drain_from(i):
                 pass
 
+    def lane_inputs(self):
+        """The input rings and their senders' wake-up lines, for the lane's drain (``ownpath.own_drain``)."""
+        return [(link.ring, proc) for link, proc in zip(self.pub_in, self._pub_in_from)]
+
+    def lane_may_drain(self):
+        """Whether the lane may take plain forwards from the rings now: not while a drain must go record by record
+        (after a crash: Restart), a refused append waits for its retry, or fault injection looks at bodies."""
+        return self._fwd_poison is None and self._fwd_careful is None and not self._fwd_blocked_until and \
+            not self._crash_on_forwarded and not self._draining
+
     def drain_rings(self):
         return sum(self._drain_from(i) for i in self.pub_pending.which())
 

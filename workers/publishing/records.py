@@ -154,6 +154,32 @@ def _same_bytes(data, a, b, n):
     return True
 
 
+@njit(**JIT_CALLEE)
+def plain_forward(data, o, length):
+    """(messages, timestamp ns, name length) of the FORWARD payload data[o:o+length] when it is a plain one: at
+    least one message, no defer, a topic name of 1 to 64 bytes, bodies that fill the record exactly; (0, 0, 0)
+    for any other (a deferred or malformed publish: the one-record path's)."""
+    head = FWD_HEAD_SIZE
+    if length < head:
+        return 0, 0, 0
+    end = o + length
+    cnt = _le64(data, o)
+    ts = _le64(data, o + 8)
+    tl = _le64(data, o + 24)
+    if not (cnt > 0 and _le64(data, o + 16) == 0 and 0 < tl <= 64 and o + head + tl + 8 * cnt <= end):
+        return 0, 0, 0
+    p = o + head + tl
+    total = 0
+    for k in range(cnt):
+        ln = _le64(data, p + 8 * k)
+        if ln < 0:
+            return 0, 0, 0
+        total += ln
+    if p + 8 * cnt + total != end:
+        return 0, 0, 0
+    return cnt, ts, tl
+
+
 @njit(**JIT)
 def plan_forward_runs(data, offs, lens, types, runs, msg_off, msg_len, msg_ts):
     """Group a drained batch of ring records (payload i at data[offs[i]:offs[i]+lens[i]]) into runs, in order.
@@ -173,27 +199,10 @@ def plan_forward_runs(data, offs, lens, types, runs, msg_off, msg_len, msg_ts):
     m = 0
     for i in range(offs.size):
         o = offs[i]
-        end = o + lens[i]
-        ok = types[i] == FORWARD and lens[i] >= head
-        cnt = 0
-        ts = 0
-        tl = 0
-        if ok:
-            cnt = _le64(data, o)
-            ts = _le64(data, o + 8)
-            tl = _le64(data, o + 24)
-            ok = cnt > 0 and _le64(data, o + 16) == 0 and 0 < tl <= 64 and o + head + tl + 8 * cnt <= end
-        if ok:  # the bodies must fill the record exactly
-            p = o + head + tl
-            total = 0
-            for k in range(cnt):
-                ln = _le64(data, p + 8 * k)
-                if ln < 0:
-                    total = -1
-                    break
-                total += ln
-            ok = total >= 0 and p + 8 * cnt + total == end
-        if not ok:
+        cnt, ts, tl = 0, 0, 0
+        if types[i] == FORWARD:
+            cnt, ts, tl = plain_forward(data, o, lens[i])
+        if cnt == 0:
             runs[r, RUN_FIRST] = i
             runs[r, RUN_RECORDS] = 1
             runs[r, RUN_APPEND] = 0
