@@ -238,6 +238,11 @@ def serve(lane, events, pevents, counts, buf, fd_int, fd_flags, fd_times, names,
     lane[RES_FORWARDS] = forwards
 
 
+def _placed(ring, base):
+    """(control block in int64 words, data in bytes, capacity) of a ring in the rings' buffer at address base."""
+    return (ring.ctl.ctypes.data - base) // 8, ring.data.ctypes.data - base, ring.capacity
+
+
 class FastLane:
     """The lane of one worker: ``poll(timeout)`` stands in for the loop's epoll poll (``Loop.fast_poll``).
 
@@ -258,15 +263,11 @@ class FastLane:
         workers = len(wakeups.fds)
         self.rings = np.zeros((RG_ROWS, workers), np.int64)  # words.py: rows RG_*
         for j, ring in rings.items():
-            self.rings[RG_CTL_AT, j] = (ring.ctl.ctypes.data - base) // 8
-            self.rings[RG_DATA_AT, j] = ring.data.ctypes.data - base
-            self.rings[RG_CAPACITY, j] = ring.capacity
+            self.rings[[RG_CTL_AT, RG_DATA_AT, RG_CAPACITY], j] = _placed(ring, base)
         self.rings[RG_EVENTFD] = wakeups.fds
         self.rin = np.zeros((RI_ROWS, len(inputs)), np.int64)  # words.py: rows RI_*
         for i, (ring, proc) in enumerate(inputs):
-            self.rin[RI_CTL_AT, i] = (ring.ctl.ctypes.data - base) // 8
-            self.rin[RI_DATA_AT, i] = ring.data.ctypes.data - base
-            self.rin[RI_CAPACITY, i] = ring.capacity
+            self.rin[[RI_CTL_AT, RI_DATA_AT, RI_CAPACITY], i] = _placed(ring, base)
             self.rin[RI_PROC, i], self.rin[RI_WAKE_FD, i] = proc, wakeups.fds[proc]
         self.wake_flags = wakeups.flags
         self.control = control
@@ -277,9 +278,11 @@ class FastLane:
         self.lane[LN_MAIN_EP], self.lane[LN_SLICE_NS], self.lane[LN_LARGE] = main_ep.fileno(), SLICE_NS, self.large
         self.lane[LN_EVENTFD] = wakeups.fds[int(pump.counts[PW_ME])]
         if scanner is not None:
-            self.lane[LN_SCAN_CTL] = (scanner.ctl.ctypes.data - base) // 8
-        self.may_drain = may_drain if scanner is not None and len(inputs) else None  # () -> whether it may now
-        self.sleep = sleep  # () -> True once the wake-up flag is armed again with no input waiting (the idle step's)
+            self.lane[LN_SCAN_CTL] = _placed(scanner, base)[0]
+        # () -> whether the lane may drain now; it needs the rings and sleep(): () -> True once the wake-up flag
+        # is armed again with no input waiting (the idle step's check)
+        self.may_drain = may_drain if scanner is not None and len(inputs) and sleep is not None else None
+        self.sleep = sleep
         self.res = self.lane
         self.usable = usable
         self.move = move
@@ -332,7 +335,8 @@ class FastLane:
         if self.known != len(p.topics):
             self._learn()
         res = self.res
-        drain = self.may_drain is not None and self.own is not None and self.may_drain()
+        drain = self.may_drain is not None and self.own is not None and self.own.topic is not None and \
+            self.may_drain()
         own = self._no_own if self.own is None else self.own.arm(drain)
         res[LN_UNTIL_NS] = -1 if until < 0 else int(until * 1e9)
         res[LN_DRAIN] = drain and self.own.armed is not None and self.own.armed.limited is None

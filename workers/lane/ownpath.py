@@ -20,22 +20,20 @@ per command) after the messages, as the Python path does. Python's share comes a
 ``done``: counters, the rounds' timers, the rest of a frame the socket did not take, and a delivery pass for
 every channel a row did not cover.
 
-Arming is all or nothing, and Python decides it with everything in view, at the one moment nothing else runs:
-the loop is about to block, so nothing changes between ``arm`` and the lane's read. A topic is not armed (the
-Python path takes it, as before) when any of these holds: it is durable (``--mem-queue-size=0``: its OKs wait
-for ``--sync-every``), marked full, deleted, or storage is failing; any channel has a bound
-(``Policy.bounded``: workers/domain/policy.py; checked on the publish side in Python; a TTL channel is armed, its
-row carrying the TTL for the round's cutoff); a channel with consumers has anything waiting
-(messages ahead of its cursor, requeued or due ones) or is in careful rounds (``workers/storage/poison.py``); the
-consumer whose turn it is samples, has output queued or is closing; there are more than MAX_ROWS such channels;
-compiled rounds are off (``--crash-on-body``); publishes forwarded by other workers wait in our rings and the lane
-may not take them (below). The
-kernel gives up without writing anything (the Python path then publishes the same staged messages) when more
-than MAX_N are staged or the log needs a new segment (its budgets are Python's). A channel whose round it could
-not finish (a round ``deliver_round`` leaves to the general path, or fewer free RDY than messages) gets the
-usual delivery pass from Python, and so does every channel after a row whose frames the socket did not all
-take (the round buffer holds those until Python queues them; that consumer's socket is marked busy first, so
-that no OK can overtake them).
+Arming is all or nothing, and Python decides it with everything in view, at the one moment nothing else runs: the
+loop is about to block, so nothing changes between ``arm`` and the lane's read. A topic is not armed (the Python
+path takes it, as before) when any of these holds: it is durable (``--mem-queue-size=0``: its OKs wait for
+``--sync-every``), marked full, deleted, or storage is failing; any channel has a bound (``Policy.bounded``:
+workers/domain/policy.py; checked on the publish side in Python; a TTL channel is armed, its row carrying the TTL
+for the round's cutoff); a channel with consumers has anything waiting (messages ahead of its cursor, requeued or
+due ones) or is in careful rounds (``workers/storage/poison.py``); the consumer whose turn it is samples, has output
+queued or is closing; there are more than MAX_ROWS such channels; compiled rounds are off (``--crash-on-body``);
+publishes forwarded by other workers wait in our rings and the lane may not take them (below). The kernel gives up
+without writing anything (the Python path then publishes the same staged messages) when more than MAX_N are staged
+or the log needs a new segment (its budgets are Python's). A channel whose round it could not finish (a round
+``deliver_round`` leaves to the general path, or fewer free RDY than messages) gets the usual delivery pass from
+Python, and so does every channel after a row whose frames the socket did not all take (the round buffer holds those
+until Python queues them; that consumer's socket is marked busy first, so that no OK can overtake them).
 
 A round-trip consumer's FIN comes between its producer's PUBs, and cost the owner a second trip through Python
 per message (its read, ``Channel.finish_one``, the idle step, arming again). So a row also names the consumer
@@ -55,11 +53,11 @@ looks at the input rings itself: if every committed record is a plain forward (`
 defer, bodies that fill it) to the armed topic, at most MAX_N messages in all, and neither the scanner's ring nor
 a sender's flags (waiting for room, stalled) want Python, it appends them with their records' timestamps and
 IDs of the topic's generator, delivers them to the rows as ``own_publish`` does, releases the records and wakes a
-sender that waits for room; the lane returns R_DRAINED and ``done`` is Python's share. The worker is awake from
-then on (its wake-up flag cleared), so forwards that come while Python works cost their senders no eventfd write:
-the lane goes on only once the flag is armed again with the rings still empty (``FastLane``'s ``sleep``), and
-otherwise the loop's drain takes them, in one batch. Otherwise every record
-is offered again as it was and the eventfd written back, so the loop's usual drain takes them. The order of
+sender that waits for room; the lane returns R_DRAINED and ``done`` is Python's share. Otherwise every record is
+offered again as it was and the eventfd written back, so the loop's usual drain takes them. After a drain the
+worker is awake (its wake-up flag cleared), so forwards that come while Python works cost their senders no
+eventfd write: the lane goes on only once the flag is armed again with the rings still empty (``FastLane``'s
+``sleep``), and otherwise the loop's drain takes them, in one batch. The order of
 the records is kept (one append per drain, rings in slot order); between producers there is none to keep, and a
 producer that moves here is handed over through the loop, whose drain takes its earlier forwards first
 (``Forwarder.catch_up``). With the lane allowed to drain (``Forwarder.lane_may_drain``: no record-by-record
